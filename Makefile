@@ -1,0 +1,50 @@
+# DuplexCadence. Every target does its own set-up (the virtual environment in .venv).
+# `make reproduce`  the main job: the default workload, stock vs DuplexCadence, report in results/
+# `make test`       the test suite (CPU; GPU-only tests skip with the reason)
+# `make bench`      pytest-benchmark microbenchmarks of the runtime's parts
+# `make asv`        asv benchmarks against the current environment, kept under results/asv
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Offline wheels (e.g. carried to a GPU machine without network): WHEELS=.whl make ...
+WHEELS ?=
+PIP_OFFLINE := $(if $(WHEELS),--no-index --find-links $(WHEELS),)
+# Options for reproduce: make reproduce ARGS="--device cuda --steps 5 --seconds 40"
+ARGS ?=
+
+.PHONY: setup reproduce report test bench asv clean
+setup: $(VENV)/.stamp
+
+# torch: reuse a CUDA-enabled torch already on the machine (GPU hosts), else the pinned CPU wheel.
+# The stock packages are installed without their conflicting pins (stock-packages.txt says why).
+$(VENV)/.stamp: pyproject.toml stock-packages.txt
+	@if $(PYTHON) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+	  echo "setup: using the machine's CUDA torch ($$($(PYTHON) -c 'import torch;print(torch.__version__)'))"; \
+	  $(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(PIP_OFFLINE) torch==2.13.0; \
+	fi
+	$(PY) -m pip install -q $(PIP_OFFLINE) --no-deps -r stock-packages.txt
+	$(PY) -m pip install -q $(PIP_OFFLINE) -e .
+	@touch $@
+
+reproduce: setup
+	$(PY) -m suite.reproduce $(ARGS)
+
+report: setup
+	$(PY) -m suite.report $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q tests
+
+bench: setup
+	$(PY) -m pytest -q --benchmark-enable --benchmark-only suite/bench
+
+asv: setup
+	$(PY) -m pip install -q $(PIP_OFFLINE) "asv>=0.6"
+	$(VENV)/bin/asv run --environment existing:$(PY) --set-commit-hash $$(git rev-parse HEAD) $(ARGS)
+	$(VENV)/bin/asv publish
+
+clean:
+	rm -rf $(VENV) .asv
