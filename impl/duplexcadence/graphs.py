@@ -1,0 +1,127 @@
+"""CUDA-graph capture and replay keyed by an exact shape signature; eager fallback; counters.
+
+One graph per distinct signature (a hashable tuple of exact lengths from the clocks: never padded,
+no masks added, no sessions batched together). The first call with a new signature captures the step
+and replays it once; later calls replay. A graph bakes in addresses: the step must read and write only
+arena views and tensors it allocates itself (which live in the graph's private pool), and the cache
+checks on every replay that the arena's base is the one it captured with (one int compare).
+
+The step function must not change host state (Python attributes, host counters): during capture its
+Python runs once and its kernels are recorded, not run; at replay only the kernels run. Host clocks
+advance outside the step, in the adapter. Anything not capturable (torch.istft's NOLA check, `.item()`,
+`.cpu()`, host-to-device copies of fresh CPU tensors) stays outside, between graph segments.
+
+On CPU (or with enabled=False) every call runs eagerly and is counted as such; the same code path runs
+on both devices. Mirrors the idea of vLLM's CudagraphDispatcher (capture keyed by a descriptor) and
+moshi's CUDAGraphed (utils/compile.py L190-280), without padding and with many keys.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Hashable
+
+import torch
+
+
+class SignatureError(KeyError):
+    """A step's signature was not captured and the cache is closed in strict mode."""
+
+
+class ArenaMoved(RuntimeError):
+    """A graph was replayed against an arena at another address than it was captured on."""
+
+
+@dataclass
+class GraphStats:
+    captures: int = 0
+    replays: int = 0
+    eager_runs: int = 0          # graphs disabled (CPU) or signature marked eager
+    eager_fallbacks: int = 0     # unseen signature after close(), or a failed capture
+    capture_failures: int = 0
+    failures: list = field(default_factory=list)
+
+    def snapshot(self) -> dict:
+        return {"captures": self.captures, "replays": self.replays, "eager_runs": self.eager_runs,
+                "eager_fallbacks": self.eager_fallbacks, "capture_failures": self.capture_failures}
+
+
+@dataclass
+class GraphEntry:
+    signature: Hashable
+    graph: "torch.cuda.CUDAGraph"
+    outputs: object
+    arena_base: int
+
+
+class GraphCache:
+    """Graphs of one session (one arena), keyed by signature.
+
+    device: the session's device; graphs are used only on CUDA and when `enabled` (default: CUDA).
+    strict: after `close()`, an unseen signature raises SignatureError instead of running eagerly.
+    arena: the session's Arena; its base address is checked on every replay.
+    """
+
+    def __init__(self, device, *, enabled: bool | None = None, strict: bool = False, arena=None):
+        self.device = torch.device(device)
+        self.enabled = (self.device.type == "cuda") if enabled is None else enabled
+        if self.enabled and self.device.type != "cuda":
+            raise ValueError(f"graphs need a CUDA device, got {self.device}")
+        self.strict = strict
+        self.arena = arena
+        self.entries: dict[Hashable, GraphEntry] = {}
+        self.eager_only: set = set()
+        self.closed = False
+        self.stats = GraphStats()
+        self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        self.pool_bytes = 0
+
+    def close(self) -> None:
+        """No more captures: the set of graphs is final for this session."""
+        self.closed = True
+
+    def __contains__(self, signature) -> bool:
+        return signature in self.entries
+
+    def run(self, signature: Hashable, step: Callable[[], object]):
+        """Run `step` (a zero-argument callable over arena views) for `signature`: replay its graph,
+        capture it on first use, or run it eagerly. Returns the step's outputs; for a graph these are
+        the same static tensors every replay, so copy what must outlive the next replay."""
+        if not self.enabled or signature in self.eager_only:
+            self.stats.eager_runs += 1
+            return step()
+        entry = self.entries.get(signature)
+        if entry is not None:
+            base = self.arena.base if self.arena is not None else 0
+            if base != entry.arena_base:
+                raise ArenaMoved(f"graph {signature!r} captured on arena base {entry.arena_base:#x}, "
+                                 f"replayed on {base:#x}")
+            entry.graph.replay()
+            self.stats.replays += 1
+            return entry.outputs
+        if self.closed:
+            if self.strict:
+                raise SignatureError(f"signature {signature!r} was not captured before close() "
+                                     f"(known: {len(self.entries)})")
+            self.stats.eager_fallbacks += 1
+            return step()
+        return self._capture(signature, step)
+
+    def _capture(self, signature, step):
+        graph = torch.cuda.CUDAGraph()
+        before = torch.cuda.memory_reserved(self.device)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = step()
+        except Exception as exc:  # an uncapturable op: this signature runs eagerly from now on
+            self.stats.capture_failures += 1
+            self.stats.failures.append(f"{signature!r}: {type(exc).__name__}: {exc}")
+            self.eager_only.add(signature)
+            torch.cuda.synchronize(self.device)
+            self.stats.eager_fallbacks += 1
+            return step()
+        self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
+        base = self.arena.base if self.arena is not None else 0
+        self.entries[signature] = GraphEntry(signature, graph, outputs, base)
+        self.stats.captures += 1
+        graph.replay()
+        return outputs
