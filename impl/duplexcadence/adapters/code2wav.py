@@ -11,8 +11,9 @@ Stock streaming schedule (`plan_unit`). Stock transformers decodes once, at the 
 stage_input_processors/qwen3_omni.py @019864f) builds each window with `torch.cat` from the last frames,
 with `initial_codec_chunk_frames` (4 in vllm-omni#4828's "4/25/25"), `codec_chunk_frames` and
 `codec_left_context_frames` = 25; its code2wav `chunked_decode_streaming` (models/qwen3_omni/
-qwen3_omni_code2wav.py @7374175, before the tail refill) keeps `wav[..., ctx * 1920:]`. Here the chunk is
-one SPEAK unit (12 or 13 new frames: one second at 12.5 Hz), so:
+qwen3_omni_code2wav.py, the version before its tail refill) keeps `wav[..., context_size * total_upsample:]`,
+as transformers' `chunked_decode` does. Here the chunk is one SPEAK unit (12 or 13 new frames: one second
+at 12.5 Hz), so:
 
 * the first unit of a turn is split as vllm-omni splits a request's start: an initial window of
   `min(4, N)` frames with no context, then (if N > 4) a window of [those 4 frames + the other N - 4];
@@ -29,18 +30,20 @@ Modes (`new_session`):
   replayed (no padding); on CPU the same code runs eagerly. Byte-identical to "stock".
 * "cadence_seamless" (opt-in, NOT bit-exact to "stock"): keeps 555 more samples at the head of every call
   with left context (`wav[..., ctx * 1920 - 555:]`), refilling the previous call's missing tail from the
-  re-decoded context, as newer vllm-omni does (qwen3_omni_code2wav.py @02952af, "Refill the previous
-  chunk's tail"). A turn then has 1920*F - 555 samples, like one whole-utterance call; the samples from
-  555 on are the stock call's bytes; the refilled heads differ from any single-window decode.
+  re-decoded context: the slice newer vllm-omni keeps (qwen3_omni_code2wav.py @7374175 and @02952af,
+  `start = left_context * total_upsample - tail`). A turn then has 1920*F - 555 samples, like one
+  whole-utterance call; from sample 555 on, each call's bytes are the stock call's.
 
 Capturability. The forward is capturable except for the mask: `Qwen3OmniMoeCode2WavTransformerModel.forward`
-(L3596-3612) builds it with `create_sliding_window_causal_mask`, whose packed-sequence check reads the
-device (`(packed_sequence_mask[:, -1] == 0).all()`, masking_utils.py L755) and which, while a CUDA stream
-captures, takes its `is_tracing` branches (import_utils.py L1812), materialising a boolean mask (SDPA then
-runs another kernel than eager's `is_causal=True`). The cadence path calls the stock mask builders once
-per window length outside the graph, with the arguments the stock forward passes, and hands their result
-to the pre-transformer as the prepared `attention_mask` mapping it accepts (L3596: "It may already have been
-prepared"), through a forward pre-hook installed only around cadence calls. For windows < 72 frames (the
+(L3596-3612) builds it with `create_sliding_window_causal_mask`, whose eager path reads the device every
+call (`(packed_sequence_mask[:, -1] == 0).all()`, masking_utils.py L755, a host sync) and which, while a
+CUDA stream captures, takes its `is_tracing` branches instead (import_utils.py L1812): it would return a
+materialised boolean mask where eager returns None, and SDPA would run with `attn_mask` instead of
+`is_causal=True`, another kernel (forcing `is_tracing` on the CPU gives a [1, 1, T, T] mask instead of
+None). The cadence path calls the mask builders once per window length outside the graph, with the
+arguments the stock forward passes, and hands their result to the pre-transformer as the prepared
+`attention_mask` mapping it accepts (L3596: "It may already have been prepared"), through a forward
+pre-hook installed only around cadence calls. For windows < 72 frames (the
 sliding window) both masks are None, as in eager. No DynamicCache is made: the config has no `use_cache`.
 Positions (`torch.arange`) and RoPE run inside the graph as in eager.
 """
