@@ -1,0 +1,196 @@
+"""Where a result came from, and the determinism flags it ran under.
+
+`provenance()` is generated, never typed (the MLCommons loadgen habit, shared/notes/style.md section 5):
+git revision, dirty flag with the `git status --short` lines, the git tree hash of impl/, the command,
+python / torch / CUDA / cuDNN versions, the stock package versions and the device (CPU model and cores,
+or GPU name, driver, memory and clocks). Outside a git checkout the git fields read "NA"; nothing fails.
+
+`deterministic()` is the only place the suite changes torch's global flags, and it restores them on exit
+(style.md section 6.8: nothing changes torch state at import).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from duplexcadence import upstream
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: Untracked paths under these prefixes do not make the tree dirty: they are outputs, not code.
+OUTPUT_PREFIXES = ("results/",)
+
+
+def _git(*args: str, cwd: Path = REPO_ROOT) -> str | None:
+    """stdout of `git <args>` (stripped), or None outside a checkout / without git."""
+    if shutil.which("git") is None:
+        return None
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.rstrip("\n") if out.returncode == 0 else None
+
+
+def status_lines(cwd: Path = REPO_ROOT) -> list[str] | None:
+    """`git status --short` lines (tracked changes and untracked files), or None outside git."""
+    out = _git("status", "--short", cwd=cwd)
+    return None if out is None else [line for line in out.splitlines() if line.strip()]
+
+
+def _status_path(line: str) -> str:
+    path = line[3:]
+    return path.split(" -> ")[-1].strip('"')
+
+
+def is_dirty(lines: list[str]) -> bool:
+    """True if any tracked file changed, or an untracked file exists outside the output folders."""
+    for line in lines:
+        if line.startswith("??") and _status_path(line).startswith(OUTPUT_PREFIXES):
+            continue
+        return True
+    return False
+
+
+def impl_tree(cwd: Path = REPO_ROOT, lines: list[str] | None = None) -> dict:
+    """The committed tree hash of impl/ (`git rev-parse HEAD:impl`) and whether the working copy of
+    impl/ differs from it; if it does, `impl_worktree_sha256` hashes the files as they are (paths sorted,
+    each path and its bytes), so a dirty run still names the code that ran."""
+    tree = _git("rev-parse", "HEAD:impl", cwd=cwd) or "NA"
+    lines = status_lines(cwd) if lines is None else lines
+    dirty = any(_status_path(line).startswith("impl/") for line in (lines or []))
+    out = {"impl_tree": tree, "impl_dirty": dirty}
+    if dirty:
+        listed = _git("ls-files", "-co", "--exclude-standard", "impl", cwd=cwd) or ""
+        digest = hashlib.sha256()
+        for rel in sorted(listed.splitlines()):
+            path = cwd / rel
+            if path.is_file():
+                digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+        out["impl_worktree_sha256"] = digest.hexdigest()
+    return out
+
+
+def cpu_info() -> dict:
+    """CPU model (from /proc/cpuinfo where present), logical cores, cores this process may use."""
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu_model": model, "cpu_cores": os.cpu_count(), "cpu_cores_usable": usable,
+            "torch_threads": torch.get_num_threads()}
+
+
+_SMI_FIELDS = ("name", "driver_version", "memory.total", "clocks.sm", "clocks.max.sm", "clocks.mem",
+               "power.limit", "pstate")
+
+
+def nvidia_smi(index: int) -> dict:
+    """`nvidia-smi --query-gpu` facts for one GPU ({} if nvidia-smi is absent or fails).
+    Units: memory MiB, clocks MHz, power W."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}",
+                              "--format=csv,noheader,nounits", "-i", str(index)],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if out.returncode != 0 or not out.stdout.strip():
+        return {}
+    values = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
+    keys = ("gpu_name_smi", "driver", "memory_total_mib_smi", "clock_sm_mhz", "clock_sm_max_mhz",
+            "clock_mem_mhz", "power_limit_w", "pstate")
+    return dict(zip(keys, values))
+
+
+def device_info(device: str | torch.device = "cpu") -> dict:
+    """Facts about the device a run used: always the CPU; for CUDA also GPU name, capability,
+    memory (MiB), SM count, driver and clocks (nvidia-smi)."""
+    device = torch.device(device)
+    out = {"device": str(device), **cpu_info()}
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        out.update({"gpu_name": props.name, "gpu_capability": f"{props.major}.{props.minor}",
+                    "gpu_memory_mib": props.total_memory // 2**20,
+                    "gpu_sm_count": props.multi_processor_count, **nvidia_smi(index)})
+    return out
+
+
+def device_short_name(info: dict) -> str:
+    """A short file-name-safe device name: 'cpu', or the GPU model ('NVIDIA H200' -> 'h200')."""
+    name = info.get("gpu_name")
+    if not name:
+        return "cpu"
+    words = [w for w in name.lower().replace("nvidia", "").replace("geforce", "").split() if w]
+    slug = "-".join(words) or "gpu"
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in slug)
+
+
+def provenance(command: list[str] | None = None, *, device: str | torch.device = "cpu") -> dict:
+    """Everything that says where a result came from. command: argv as run (default: sys.argv)."""
+    lines = status_lines()
+    cuda = torch.version.cuda
+    return {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_rev": _git("rev-parse", "HEAD") or "NA",
+        "git_dirty": None if lines is None else is_dirty(lines),
+        "git_status": lines if lines is not None else "NA",
+        **impl_tree(lines=lines or []),
+        "command": list(command if command is not None else sys.argv),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": cuda or "none",
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else "none",
+        "packages": upstream.installed_versions(),
+        "env": {k: os.environ[k] for k in ("TORCHDYNAMO_DISABLE", "CUDA_VISIBLE_DEVICES",
+                                           "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS")
+                if k in os.environ},
+        "device": device_info(device),
+    }
+
+
+def _flags() -> dict:
+    return {"cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}
+
+
+@contextlib.contextmanager
+def deterministic():
+    """Run the block with cuDNN deterministic on, cuDNN benchmark off and TF32 off (matmul and cuDNN).
+
+    Yields a dict: `set` (the flags in force inside the block) and `previous` (those restored on exit),
+    to be written into the result record. Both modes of a comparison run under the same flags.
+    """
+    previous = _flags()
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    record = {"set": _flags(), "previous": previous}
+    try:
+        yield record
+    finally:
+        torch.backends.cudnn.deterministic = previous["cudnn_deterministic"]
+        torch.backends.cudnn.benchmark = previous["cudnn_benchmark"]
+        torch.backends.cuda.matmul.allow_tf32 = previous["cuda_matmul_allow_tf32"]
+        torch.backends.cudnn.allow_tf32 = previous["cudnn_allow_tf32"]

@@ -1,0 +1,205 @@
+"""Peak memory of a session, in MiB, against the right baselines (DESIGN.md section 5, "Memory").
+
+Samples frame a session: `idle` (before the model is built), `model` (model built, no session yet), the
+session's own base (just before it opens) and its `peak`. The per-session increment is peak minus the
+session's base; "peak over idle" is (model - idle) + that increment, which is what one process per mode
+would measure even when two sessions run one after the other on one shared model (`suite.runner.verify`).
+
+* CUDA, driver level: device memory in use as the driver reports it (NVML through pynvml when importable,
+  else `torch.cuda.mem_get_info`: total - free). This is the figure that sees CUDA VMM mappings and graph
+  pools, which torch's allocator statistics cannot. It is sampled by `observe()` (the runner calls it
+  after every unit); neither torch's caching allocator nor a VMM arena returns memory to the driver
+  within a session, so the largest sample is the session's driver-level peak.
+* CUDA, allocator level: `torch.cuda.max_memory_allocated` / `max_memory_reserved`, reset when a session
+  begins.
+* CPU: resident set size. The peak is the kernel's high-water mark `VmHWM`, reset when a session begins
+  (`/proc/self/clear_refs` = 5, Linux >= 4.0); where that is not possible it is `getrusage` ru_maxrss,
+  the high-water mark of the whole process, and `peak_rss_source` says so.
+
+The driver-level figures are device-wide: run one process per measurement where other work shares the GPU.
+"""
+from __future__ import annotations
+
+import gc
+import re
+import resource
+from pathlib import Path
+
+import torch
+
+MIB = 2**20
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    m = re.search(rf"^{field}:\s+(\d+)\s+kB", text, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def rss_mib() -> float | None:
+    """Current resident set size of this process, MiB (None where /proc is absent)."""
+    kib = _status_kib("VmRSS")
+    return None if kib is None else kib / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's RSS high-water mark to the current RSS. True if it worked."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _status_kib("VmHWM") is not None
+
+
+def peak_rss_mib() -> tuple[float, str]:
+    """(peak RSS MiB, source): VmHWM where readable, else ru_maxrss (KiB on Linux) of the process."""
+    kib = _status_kib("VmHWM")
+    if kib is not None:
+        return kib / 1024, "VmHWM"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "ru_maxrss"
+
+
+class _Driver:
+    """Device-wide used memory of one GPU: NVML if pynvml imports, else cudaMemGetInfo."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.handle = None
+        self.source = "cuda_mem_get_info"
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            try:
+                self.handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            except pynvml.NVMLError:
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            self._nvml = pynvml
+            self.source = "nvml"
+        except Exception:  # no pynvml, no NVML library, or an older driver: fall back, say which
+            self.handle = None
+
+    def used_mib(self) -> float:
+        if self.handle is not None:
+            return self._nvml.nvmlDeviceGetMemoryInfo(self.handle).used / MIB
+        free, total = torch.cuda.mem_get_info(self.device)
+        return (total - free) / MIB
+
+
+class MemoryProbe:
+    """Idle / model-loaded / session-peak memory of one device.
+
+    Use: `probe = MemoryProbe(device)` before building the model (takes the idle sample);
+    `probe.model_loaded()` after; per session `begin_session()`, `observe()` after every unit,
+    `end_session() -> dict`. Raises RuntimeError if a session method is called out of order.
+    """
+
+    def __init__(self, device: str | torch.device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self._driver = _Driver(self.device) if self.cuda else None
+        self._settle()
+        self.idle = self._current()
+        self.model: dict | None = None
+        self._session: dict | None = None
+
+    def _settle(self) -> None:
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
+    def _current(self) -> dict:
+        if self.cuda:
+            return {"driver_used_mib": self._driver.used_mib(),
+                    "alloc_mib": torch.cuda.memory_allocated(self.device) / MIB,
+                    "reserved_mib": torch.cuda.memory_reserved(self.device) / MIB}
+        return {"rss_mib": rss_mib()}
+
+    def model_loaded(self) -> dict:
+        """Sample with the model built and no session open (the baseline of every session)."""
+        self._settle()
+        self.model = self._current()
+        return self.model
+
+    def begin_session(self) -> None:
+        """Free what earlier sessions left cached, re-take the model baseline, reset the peaks."""
+        if self.model is None:
+            raise RuntimeError("MemoryProbe.begin_session: call model_loaded() after building the model")
+        self._settle()
+        base = self._current()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            rss_reset = None
+        else:
+            rss_reset = reset_peak_rss()
+        self._session = {"base": base, "driver_peak_mib": base.get("driver_used_mib"),
+                         "rss_reset": rss_reset}
+
+    def observe(self) -> None:
+        """Take one driver-level sample inside a session (CUDA; a no-op on CPU, where VmHWM tracks it)."""
+        if self._session is None:
+            raise RuntimeError("MemoryProbe.observe: no session (call begin_session first)")
+        if self.cuda:
+            used = self._driver.used_mib()
+            self._session["driver_peak_mib"] = max(self._session["driver_peak_mib"], used)
+
+    def end_session(self) -> dict:
+        """The session's figures (MiB). `model_*`: after the build, before any session; `session_base_*`:
+        just before this session (above model_* by whatever earlier sessions left in the shared model:
+        `leftover_*`); `session_*` = peak - session_base; `peak_over_idle_*` = (model - idle) + session,
+        what one process running only this mode would see."""
+        if self._session is None:
+            raise RuntimeError("MemoryProbe.end_session: no session (call begin_session first)")
+        self.observe()
+        s, self._session = self._session, None
+        base, model, idle = s["base"], self.model, self.idle
+        if self.cuda:
+            peak_alloc = torch.cuda.max_memory_allocated(self.device) / MIB
+            session_driver = s["driver_peak_mib"] - base["driver_used_mib"]
+            out = {
+                "idle_driver_used_mib": idle["driver_used_mib"],
+                "model_driver_used_mib": model["driver_used_mib"],
+                "session_base_driver_used_mib": base["driver_used_mib"],
+                "peak_driver_used_mib": s["driver_peak_mib"],
+                "session_driver_mib": session_driver,
+                "leftover_driver_mib": base["driver_used_mib"] - model["driver_used_mib"],
+                "peak_over_idle_driver_mib": model["driver_used_mib"] - idle["driver_used_mib"] + session_driver,
+                "model_alloc_mib": model["alloc_mib"],
+                "peak_alloc_mib": peak_alloc,
+                "session_alloc_mib": peak_alloc - base["alloc_mib"],
+                "peak_over_idle_alloc_mib": model["alloc_mib"] - idle["alloc_mib"] + peak_alloc - base["alloc_mib"],
+                "peak_reserved_mib": torch.cuda.max_memory_reserved(self.device) / MIB,
+                "driver_source": self._driver.source,
+            }
+        else:
+            peak, source = peak_rss_mib()
+            if source == "VmHWM" and not s["rss_reset"]:
+                source = "VmHWM (not reset: process lifetime)"
+            known = None not in (idle["rss_mib"], model["rss_mib"], base["rss_mib"])
+            session = peak - base["rss_mib"] if known else None
+            out = {
+                "idle_rss_mib": idle["rss_mib"],
+                "model_rss_mib": model["rss_mib"],
+                "session_base_rss_mib": base["rss_mib"],
+                "peak_rss_mib": peak,
+                "session_rss_mib": session,
+                "leftover_rss_mib": base["rss_mib"] - model["rss_mib"] if known else None,
+                "peak_over_idle_rss_mib": model["rss_mib"] - idle["rss_mib"] + session if known else None,
+                "peak_rss_source": source,
+            }
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def headline(memory: dict) -> tuple[str, float | None]:
+    """(key, MiB) of the figure a report compares between modes: the session's peak over the idle
+    baseline (model + session), driver level on CUDA (DESIGN.md section 5), RSS on CPU."""
+    for key in ("peak_over_idle_driver_mib", "peak_over_idle_rss_mib"):
+        if key in memory:
+            return key, memory[key]
+    return "none", None

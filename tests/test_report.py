@@ -1,0 +1,144 @@
+"""suite.report and suite.reproduce: results folder, WAV, REPORT.md rebuilt from run.json, exit status."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from suite import report, reproduce, runner
+from test_suite_runner import (SAMPLES_PER_TOKEN, clean_tree, fake_adapter, fake_wave,  # noqa: F401
+                               to_pcm16, workload)
+
+
+@pytest.fixture
+def verified(fake_adapter, clean_tree):  # noqa: F811
+    wl = workload(turns=2, speak_per_turn=4)
+    speak = [u.index for u in wl.script.units if u.kind == "SPEAK"]
+    wl.spec["cadence_off_units"] = [speak[4]]
+    return wl, runner.verify(wl, "cpu", progress=False)
+
+
+def test_results_folder_layout(verified, tmp_path):
+    wl, res = verified
+    folder = report.write_results(res, tmp_path)
+    rec = json.loads((folder / "run.json").read_text())
+    assert folder.name == rec["run_id"] == f"{rec['provenance']['date_utc'][:10]}-cpu-fake"
+    assert sorted(p.name for p in folder.iterdir()) == ["REPORT.md", "audio_cadence.wav", "audio_stock.wav",
+                                                        "run.json"]
+    assert rec["schema"] == runner.SCHEMA and rec["verdict"] == "INVALID"
+    for key in ("tail_ms_p50", "tail_ms_p90", "tail_ms_p99", "rtf", "units_measured"):
+        assert key in rec["modes"]["stock"]["metrics"], key
+    assert "peak_rss_mib" in rec["modes"]["stock"]["memory"]
+    # a second run of the same day goes next to the first, never over it
+    assert report.write_results(res, tmp_path).name == f"{folder.name}-2"
+
+
+def test_wav_sample_count_equals_unit_samples(verified, tmp_path):
+    wl, res = verified
+    folder = report.write_results(res, tmp_path)
+    rec = json.loads((folder / "run.json").read_text())
+    for mode in ("stock", "cadence"):
+        total = sum(u["samples"] for u in rec["modes"][mode]["units"])
+        info = sf.info(folder / f"audio_{mode}.wav")
+        assert (info.frames, info.samplerate, info.channels, info.subtype) == (total, 24000, 1, "PCM_16")
+        assert rec["audio"][mode]["samples"] == total
+    data, _ = sf.read(folder / "audio_stock.wav", dtype="int16")
+    want = np.concatenate([to_pcm16(fake_wave(u.tokens)) for u in wl.script.units if u.kind == "SPEAK"])
+    assert data.tobytes() == want.tobytes()
+    assert total == SAMPLES_PER_TOKEN * sum(len(u.tokens) for u in wl.script.units if u.kind == "SPEAK")
+
+
+def test_report_rebuilds_from_run_json(verified, tmp_path):
+    wl, res = verified
+    folder = report.write_results(res, tmp_path)
+    written = (folder / "REPORT.md").read_text()
+    (folder / "REPORT.md").unlink()
+    for wav in folder.glob("*.wav"):
+        wav.unlink()                                  # run.json alone
+    assert report.main([str(folder)]) == 0
+    assert (folder / "REPORT.md").read_text() == written
+
+
+def test_report_content(verified, tmp_path):
+    wl, res = verified
+    text = (report.write_results(res, tmp_path) / "REPORT.md").read_text()
+    bad = res.mismatches[0]
+    assert "**Verdict: INVALID**" in text
+    assert f"sha256 mismatch at unit {bad}" in text
+    assert f"differing units: [{bad}]" in text
+    # one per-unit row per script unit, with the hash prefixes of both modes and the equal flag
+    rows = {int(line.split("|")[1]): line for line in text.splitlines()
+            if line.startswith("|") and line.split("|")[1].strip().isdigit()}
+    assert sorted(rows) == [u.index for u in wl.script.units]
+    for r in res.stock.units:
+        if r.kind == "SPEAK":
+            cad = next(c for c in res.cadence.units if c.index == r.index)
+            cells = [c.strip() for c in rows[r.index].split("|")[1:-1]]
+            assert r.sha256_f32[:12] in cells and cad.sha256_f32[:12] in cells
+            assert cells[-1] == ("no" if r.index == bad else "yes")
+    # published figures beside ours, and "Parameters used" closes the report
+    assert "2.85x" in text and "-38.8%" in text and "+14% -> -2%" in text
+    assert text.rstrip().split("## ")[-1].startswith("Parameters used")
+    assert "| euler_steps" in text and "| seed.weights" in text
+
+
+def test_stock_only_report_says_so(monkeypatch, clean_tree, tmp_path):  # noqa: F811
+    from test_suite_runner import _fake_module
+    from duplexcadence import runtime
+
+    mod = _fake_module(modes=("stock",))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(runtime.ADAPTERS, "fake", mod.__name__)
+    res = runner.verify(workload(), "cpu", progress=False)
+    text = (report.write_results(res, tmp_path) / "REPORT.md").read_text()
+    assert "Stock only: no cadence session ran" in text and "cadence mode not available" in text
+
+
+def test_rebuild_names_missing_run_json(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no run.json"):
+        report.rebuild(tmp_path)
+
+
+# --- reproduce -------------------------------------------------------------------------------
+@pytest.fixture
+def fake_workloads(monkeypatch, fake_adapter):  # noqa: F811
+    registry = {"fake": workload(turns=3, speak_per_turn=5), "fake_off": workload(turns=3, speak_per_turn=5)}
+    off = [u.index for u in registry["fake_off"].script.units if u.kind == "SPEAK"][2]
+    registry["fake_off"].spec["cadence_off_units"] = [off]
+    mod = types.ModuleType("workloads")
+    mod.get = registry.__getitem__
+    monkeypatch.setitem(sys.modules, "workloads", mod)
+    return registry
+
+
+def test_reproduce_cpu_default_short_run_passes(fake_workloads, clean_tree, tmp_path, capsys):  # noqa: F811
+    rc = reproduce.main(["--workload", "fake", "--device", "cpu", "--out", str(tmp_path), "--no-progress"])
+    rec = json.loads(next(tmp_path.glob("*/run.json")).read_text())
+    assert rc == 0
+    assert rec["parameters"]["max_speak_units"] == reproduce.CPU_DEFAULT_SPEAK_UNITS
+    assert rec["verdict"] == "INVALID" and set(rec["invalid_codes"]) == {"few_units"}
+    assert "results:" in capsys.readouterr().out
+
+
+def test_reproduce_fails_on_a_differing_unit(fake_workloads, clean_tree, tmp_path):  # noqa: F811
+    rc = reproduce.main(["--workload", "fake_off", "--device", "cpu", "--out", str(tmp_path), "--no-progress"])
+    assert rc == 1
+
+
+def test_reproduce_fails_on_dirty_tree(fake_workloads, monkeypatch, tmp_path):
+    from suite import env
+    real = env.provenance
+    monkeypatch.setattr(env, "provenance", lambda command=None, *, device="cpu": {
+        **real(command, device=device), "git_dirty": True, "git_status": [" M impl/x.py"]})
+    rc = reproduce.main(["--workload", "fake", "--device", "cpu", "--out", str(tmp_path), "--no-progress"])
+    assert rc == 1
+
+
+def test_reproduce_rejects_cuda_without_cuda(monkeypatch):
+    monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: False)
+    assert reproduce.main(["--device", "cuda"]) == 2
+    assert reproduce.resolve_device("auto") == "cpu"
