@@ -373,6 +373,9 @@ class StockSession:
         self.buffer: list[int] | None = None   # None: no turn open
         self.turn = -1
 
+    def stats(self) -> dict:
+        return {}
+
     def start_turn(self) -> None:
         """Restore clones of the base caches and the [4218]*3 buffer (unified L4406-4410)."""
         self.t2w.stream_cache = copy.deepcopy(self._base[0])
@@ -400,3 +403,83 @@ class StockSession:
         wave = np.concatenate([w.reshape(-1) for w in waves]) if waves else np.zeros(0, np.float32)
         return UnitOutput(wave.astype(np.float32, copy=False), to_pcm16(wave),
                           {"calls": [len(c.tokens) for c in calls]})
+
+
+# --- native clocks and regions (the runtime derives sizes and shapes from these alone) -----------
+from fractions import Fraction  # noqa: E402
+
+from duplexcadence import clocks as _clocks  # noqa: E402
+
+CLOCKS = {
+    "tokens": _clocks.Clock("tokens", Fraction(25), "S3 speech tokens"),
+    "mel": _clocks.Clock("mel", Fraction(50), "mel frames (hop 480)"),
+    "samples": _clocks.Clock("samples", Fraction(24000), "audio samples"),
+    "vocoder_blocks": _clocks.Clock("vocoder_blocks", Fraction(50, 16), "BoundedVocoder 16-frame blocks"),
+}
+TAIL_FRAMES = 100      # Token2wav.CONFORMER_HISTORY_FRAMES and the estimator trim's -100 (L220-247)
+MAX_CALL_TOKENS = CHUNK_TOKENS + PRE_LOOKAHEAD   # 28
+
+
+def mel_advance(n_tokens: int, last_chunk: bool) -> int:
+    """Mel frames one flow call adds: 2(n-3) (lookahead dropped), or 2n for last_chunk (3 zero frames
+    padded instead; upsample_encoder_v2.py forward_chunk)."""
+    return 2 * n_tokens if last_chunk else 2 * (n_tokens - PRE_LOOKAHEAD)
+
+
+def regions(prompt_frames: int) -> list:
+    """The flow's streaming regions for a voice of P = `prompt_frames` mel frames (P even).
+
+    conformer_att (10,1,8,L,128), oldest-first, token-rate layers stored as [cache, cache] along L;
+    estimator_att (steps,16,2,8,L,128), newest-first. Both: L = P after set-up, +50 per 28-token call,
+    kept to the newest P + the last 100 once longer than P + 100 (HeadTail; token2wav.py L220-247).
+    Conv caches are fixed. Vocoder history is bounded by BoundedVocoder.limits (bounded_vocoder.py L68-84).
+    """
+    P = int(prompt_frames)
+    if P % 2:
+        raise ValueError(f"prompt_frames: expected an even mel-frame count (2 x tokens), got {P}")
+    keep = _clocks.HeadTail(P, TAIL_FRAMES, mel_advance(MAX_CALL_TOKENS, False))
+    return [
+        _clocks.RegionSpec("conformer_att", "mel", P, keep, axis=3),
+        _clocks.RegionSpec("estimator_att", "mel", P, keep, axis=4),
+        _clocks.RegionSpec("conformer_cnn", "mel", 6, _clocks.Fixed(6), axis=2),
+        _clocks.RegionSpec("estimator_cnn", "mel", 2, _clocks.Fixed(2), axis=4),
+    ]
+
+
+def turn_schedule(prompt_frames: int, calls: list) -> list:
+    """Exact region lengths and phase of every flow call of a turn (`calls`: Call list, e.g. from
+    `plan_calls` over a session script), without building or running the model."""
+    specs = regions(prompt_frames)
+    advances = [{"conformer_att": mel_advance(len(c.tokens), c.last_chunk),
+                 "estimator_att": mel_advance(len(c.tokens), c.last_chunk)} for c in calls]
+    return _clocks.schedule(specs, advances, [len(c.tokens) for c in calls], [c.last_chunk for c in calls])
+
+
+# --- adapter contract (duplexcadence.runtime) ----------------------------------------------------
+@dataclass
+class Model:
+    """One stock Token2wav instance and its prepared voice prompt, shared by every session."""
+    t2w: object
+    prompt: Prompt
+    spec: dict
+
+
+def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int = 0) -> Model:
+    """spec: n_timesteps (5 or 10), voice_prompt (WAV path), prompt_seconds, checkpoint (optional dir)."""
+    if depth not in ("released", "reduced"):
+        raise ValueError(f"depth: expected 'released' or 'reduced', got {depth!r}")
+    t2w = build_token2wav(spec.get("checkpoint"), n_timesteps=int(spec.get("n_timesteps", 10)),
+                          device=device, seed=seed, depth=RELEASED if depth == "released" else REDUCED)
+    prompt = prepare_prompt(spec["voice_prompt"], seconds=spec.get("prompt_seconds", PROMPT_SECONDS_DEFAULT),
+                            device=device)
+    return Model(t2w, prompt, dict(spec))
+
+
+def new_session(model: Model, mode: str, spec: dict | None = None):
+    """mode: "stock" (StockSession) or "cadence" (flow_hift_cadence.CadenceSession)."""
+    if mode == "stock":
+        return StockSession(model.t2w, model.prompt)
+    if mode == "cadence":
+        from duplexcadence.adapters.flow_hift_cadence import CadenceSession
+        return CadenceSession(model.t2w, model.prompt, **(spec or {}).get("cadence", {}))
+    raise ValueError(f"mode: expected 'stock' or 'cadence', got {mode!r}")

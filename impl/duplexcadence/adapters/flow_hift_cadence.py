@@ -1,0 +1,265 @@
+"""DuplexCadence session for the flow + causal HiFT tail (MiniCPM-o 4.5, minicpmo-utils==1.0.7).
+
+Same kernels as the stock session: `CausalMaskedDiffWithXvec.inference_chunk` (flow.py L172-229) and
+`Token2wav._stream_vocode` (token2wav.py L206-218) are called as they ship. What changes is the glue:
+
+* State lives in the session's arena at addresses that never move, sized from the clocks
+  (flow_hift.regions): the conformer KV cache (10,1,8,<=P+150,128), the DiT KV cache of the Euler steps
+  in use only (steps,16,2,8,<=P+150,128) instead of the stock 16-step x 1000-frame module buffer
+  (2 GiB), the DiT per-step scratch (16,2,8,<=P+150,128) instead of its 1000-frame buffer, conv caches.
+  The stock CFM/DiT write into their `att_cache_buffer`/`cnn_cache_buffer` module buffers; for the
+  duration of a cadence step those buffers are the session's arena views (`_bound`).
+* The stock trims (`Token2wav._trim_estimator_cache` / `_trim_conformer_cache`, token2wav.py L220-247:
+  a fresh `torch.cat` of up to 16 x 16 x 2 x 8 x (P+100) x 128 floats every unit) become in-place
+  shifts inside the arena that leave exactly the stock logical layout (newest-first DiT keys: keep the
+  newest P frames and the last 100; oldest-first conformer keys: prompt + last 100 mel frames, the
+  token-rate layers trimmed at token rate and repacked as [cache, cache]).
+* On CUDA each exact shape signature of the flow step (tokens, last_chunk, conformer and DiT KV lengths
+  from the clocks) is captured once as a CUDA graph (duplexcadence.graphs) and replayed; the token ids
+  are copied into a static buffer outside the graph. The DiT timestep embedding builds its frequency
+  table on the host and copies it to the device every call (decoder_dit.py L177-195), which cannot be
+  captured; during a cadence step `t_embedder.timestep_embedding` computes the same table the same way
+  once and keeps it on the device (same bytes; tests compare). The vocoder (host offsets, CPU noise
+  table gather, torch.istft's NOLA check) stays eager and stock.
+
+Bit-exactness: every unit's float32 waveform and int16 PCM equal the stock session's (tests/ and the
+suite's verify mode check every unit).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from duplexcadence.adapters import flow_hift as fh
+from duplexcadence.arena import Arena
+from duplexcadence.clocks import ClockError
+from duplexcadence.graphs import GraphCache
+from duplexcadence.runtime import InputError, UnitOutput
+
+
+class _DeviceTimestepTable:
+    """`TimestepEmbedder.timestep_embedding` with its frequency table built once per device.
+
+    Same expression as decoder_dit.py L186-195: the table is computed on the host exactly as stock
+    does and moved once; stock moves it every call (a host-to-device copy that blocks capture).
+    """
+
+    def __init__(self):
+        self.tables = {}
+
+    def __call__(self, t, dim, max_period=10000):
+        half = dim // 2
+        key = (t.device, t.dtype, dim, max_period)
+        freqs = self.tables.get(key)
+        if freqs is None:
+            freqs = torch.exp(-math.log(max_period) * torch.arange(start=0, end=half) / half).to(t)
+            self.tables[key] = freqs
+        args = t[:, None] * freqs[None]
+        embedding = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        if dim % 2:
+            embedding = torch.cat([embedding, torch.zeros_like(embedding[:, :1])], dim=-1)
+        return embedding
+
+
+class CadenceSession:
+    """One duplex session on DuplexCadence: arena state, in-place trims, exact-shape graph replay.
+
+    t2w: the stock Token2wav instance (shared with any stock session: same weights and noise tables).
+    graphs: None = on CUDA only; strict: an uncaptured signature after close() raises SignatureError.
+    Raises InputError for bad input and ClockError for a step past a declared bound, both before any
+    state changes.
+    """
+
+    def __init__(self, t2w, prompt: fh.Prompt, *, graphs: bool | None = None, strict: bool = False,
+                 arena_backend: str = "auto"):
+        self.t2w = t2w
+        self.prompt = prompt
+        self.device = torch.device(t2w.device)
+        self.n_steps = t2w.n_timesteps
+        fh.install_prompt(t2w, prompt)
+        self.P = prompt.mel_frames
+        self.specs = {r.name: r for r in fh.regions(self.P)}
+        Lmax = self.specs["estimator_att"].policy.bound()
+        self.Lmax = Lmax
+        flow = t2w.flow
+        self.n_token_layers = len(flow.encoder.encoders)
+        n_layers = self.n_token_layers + len(flow.encoder.up_encoders)
+        dit = flow.decoder.estimator
+        # The stock DiT/CFM buffers have 16 layer slots whatever the DiT depth (decoder_dit.py L406-407,
+        # flow_matching.py L35-36) and the caches they return carry all 16; keep that shape.
+        depth = dit.att_cache_buffer.shape[0]
+        heads, dk2 = 8, 128
+        dtype = next(flow.parameters()).dtype
+        self.dtype = dtype
+
+        # Per-voice base caches: the stock set-up, run once (as MiniCPM-o does per voice).
+        flow_cache, hift_cache = t2w.set_stream_cache(prompt.key)
+        self._base_flow = {k: v.clone() for k, v in flow_cache.items()}
+        self._base_hift = copy.deepcopy(hift_cache)
+        # set_stream_cache left the stock CFM buffers holding this voice; cadence never reads them.
+
+        self.arena = Arena(self.device, backend=arena_backend, name="flow_hift")
+        a = self.arena
+        a.declare("conformer_att", (n_layers, 1, heads, Lmax, dk2), dtype)
+        a.declare("estimator_att", (self.n_steps, depth, 2, heads, Lmax, dk2), dtype)
+        a.declare("estimator_cnn", (self.n_steps, depth, 2, 1024, 2), dtype)
+        a.declare("conformer_cnn", (1, 512, 6), dtype)
+        a.declare("dit_att_scratch", (depth, 2, heads, Lmax, dk2), dtype)
+        a.declare("dit_cnn_scratch", (depth, 2, 1024, 2), dtype)
+        a.allocate()
+        self._est_buf = a["estimator_att"].view((self.n_steps, depth, 2, heads, Lmax, dk2))
+        self._est_cnn = a["estimator_cnn"].view((self.n_steps, depth, 2, 1024, 2))
+        self._conf_cnn = a["conformer_cnn"].view((1, 512, 6))
+        self._dit_att = a["dit_att_scratch"].view((depth, 2, heads, Lmax, dk2))
+        self._dit_cnn = a["dit_cnn_scratch"].view((depth, 2, 1024, 2))
+        self._shape_conf = (n_layers, 1, heads)
+        self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=a)
+        self._timestep = _DeviceTimestepTable()
+        self._tokens: dict[int, torch.Tensor] = {}
+        self.len_conf = self.len_est = None   # host clocks (mel frames); None: no open turn
+        self.buffer: list[int] | None = None
+        self.turn = -1
+
+    # --- arena views ---------------------------------------------------------------------------
+    def conformer_view(self, L: int) -> torch.Tensor:
+        """The conformer KV cache as stock holds it: contiguous [layers, 1, heads, L, 128]."""
+        return self.arena["conformer_att"].view(self._shape_conf + (L, 128))
+
+    def estimator_view(self, L: int) -> torch.Tensor:
+        """The DiT KV cache of the steps in use: [steps, depth, 2, heads, L, 128] (a slice of the buffer)."""
+        return self._est_buf[:, :, :, :, :L, :]
+
+    def state_tensors(self) -> dict:
+        """Every region's logical contents now (views; clone to keep)."""
+        return {"conformer_att": self.conformer_view(self.len_conf),
+                "estimator_att": self.estimator_view(self.len_est),
+                "estimator_cnn": self._est_cnn, "conformer_cnn": self._conf_cnn}
+
+    # --- turn and unit ---------------------------------------------------------------------------
+    def start_turn(self) -> None:
+        """Restore the voice's base caches into the arena (in place) and the [4218]*3 token buffer."""
+        P = self.P
+        with torch.inference_mode():
+            self.conformer_view(P).copy_(self._base_flow["conformer_att_cache"])
+            self.estimator_view(P).copy_(self._base_flow["estimator_att_cache"][: self.n_steps])
+            self._est_cnn.copy_(self._base_flow["estimator_cnn_cache"][: self.n_steps])
+            self._conf_cnn.copy_(self._base_flow["conformer_cnn_cache"])
+        self.len_conf = self.len_est = P
+        self.t2w.hift_cache_dict = copy.deepcopy(self._base_hift)
+        self.buffer = [fh.SILENCE_TOKEN] * fh.PRE_LOOKAHEAD
+        self.turn += 1
+
+    def speak(self, tokens, *, final: bool = False) -> UnitOutput:
+        """One SPEAK unit (<= 26 token ids @ 25 Hz) -> float32 waveform @ 24 kHz, as StockSession.speak."""
+        if self.buffer is None:
+            raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
+        tokens = fh.check_tokens(tokens)
+        if len(tokens) > fh.CHUNK_TOKENS + 1:
+            raise InputError(f"tokens: at most {fh.CHUNK_TOKENS + 1} per unit, got {len(tokens)}")
+        calls, rest = fh.plan_calls(self.buffer, tokens, final)
+        self._check_bounds(calls)
+        waves = [self._call(c.tokens, c.last_chunk) for c in calls]
+        self.buffer = None if final else rest
+        wave = np.concatenate([w.reshape(-1) for w in waves]) if waves else np.zeros(0, np.float32)
+        return UnitOutput(wave.astype(np.float32, copy=False), fh.to_pcm16(wave),
+                          {"calls": [len(c.tokens) for c in calls]})
+
+    def stats(self) -> dict:
+        out = self.graphs.stats.snapshot()
+        out.update(arena_bytes_reserved=self.arena.bytes_reserved, arena_bytes_mapped=self.arena.bytes_mapped,
+                   graph_pool_bytes=self.graphs.pool_bytes, graphs=len(self.graphs.entries))
+        return out
+
+    def _check_bounds(self, calls) -> None:
+        Lc, Le = self.len_conf, self.len_est
+        for c in calls:
+            adv = fh.mel_advance(len(c.tokens), c.last_chunk)
+            _, Lc = self.specs["conformer_att"].step(Lc, adv)
+            _, Le = self.specs["estimator_att"].step(Le, adv)
+
+    # --- one Token2wav.stream call ---------------------------------------------------------------
+    def _call(self, tokens: list[int], last_chunk: bool) -> np.ndarray:
+        n = len(tokens)
+        if n:
+            tok = self._tokens.get(n)
+            if tok is None:
+                tok = self._tokens[n] = torch.zeros((1, n), dtype=torch.int32, device=self.device)
+            tok.copy_(torch.tensor([tokens], dtype=torch.int32))
+            Lc, Le = self.len_conf, self.len_est
+            sig = ("flow", n, bool(last_chunk), Lc, Le)
+            mel = self.graphs.run(sig, lambda: self._flow_step(tok, last_chunk, Lc, Le))
+            adv = fh.mel_advance(n, last_chunk)
+            self.len_conf = self.specs["conformer_att"].step(Lc, adv)[1]
+            self.len_est = self.specs["estimator_att"].step(Le, adv)[1]
+        else:  # an empty final call only flushes the vocoder (token2wav.py L271-273)
+            mel = self.t2w.hift_cache_dict["mel"][:, :, :0]
+        with torch.inference_mode():
+            speech = self.t2w._stream_vocode(mel, last_chunk)
+        return speech.cpu().numpy()
+
+    @contextmanager
+    def _bound(self):
+        """Point the stock CFM/DiT module buffers at this session's arena for one step."""
+        cfm = self.t2w.flow.decoder
+        dit = cfm.estimator
+        saved = (cfm._buffers["att_cache_buffer"], cfm._buffers["cnn_cache_buffer"],
+                 dit._buffers["att_cache_buffer"], dit._buffers["cnn_cache_buffer"])
+        cfm._buffers["att_cache_buffer"], cfm._buffers["cnn_cache_buffer"] = self._est_buf, self._est_cnn
+        dit._buffers["att_cache_buffer"], dit._buffers["cnn_cache_buffer"] = self._dit_att, self._dit_cnn
+        dit.t_embedder.timestep_embedding = self._timestep
+        try:
+            yield
+        finally:
+            (cfm._buffers["att_cache_buffer"], cfm._buffers["cnn_cache_buffer"],
+             dit._buffers["att_cache_buffer"], dit._buffers["cnn_cache_buffer"]) = saved
+            del dit.t_embedder.timestep_embedding
+
+    def _flow_step(self, tok: torch.Tensor, last_chunk: bool, Lc: int, Le: int) -> torch.Tensor:
+        """flow.inference_chunk on arena views, then the stock trims as in-place arena shifts.
+        Reads and writes only arena views and `tok`; changes no host state (graph-capturable)."""
+        t2w = self.t2w
+        _, _, spk, _, _ = t2w.cache[self.prompt.key]
+        cache = {"conformer_cnn_cache": self._conf_cnn, "conformer_att_cache": self.conformer_view(Lc),
+                 "estimator_cnn_cache": self._est_cnn, "estimator_att_cache": self.estimator_view(Le)}
+        with torch.inference_mode(), self._bound():
+            with torch.amp.autocast("cuda", dtype=torch.float16, enabled=t2w.float16):
+                mel, new = t2w.flow.inference_chunk(token=tok, spk=spk, cache=cache, last_chunk=last_chunk,
+                                                    n_timesteps=self.n_steps)
+            self._keep_conformer(new["conformer_att_cache"])
+            self._conf_cnn.copy_(new["conformer_cnn_cache"])
+            self._keep_estimator(new["estimator_att_cache"].shape[4])
+        return mel
+
+    def _keep_conformer(self, new: torch.Tensor) -> None:
+        """Write the grown conformer cache (a fresh tensor from the encoder) into the arena, trimmed as
+        Token2wav._trim_conformer_cache (L228-247): prompt + last 100 mel frames; token-rate layers
+        trimmed at token rate (P/2 + last 50) and repacked as [cache, cache]."""
+        L = new.shape[3]
+        P, tail, d = self.P, fh.TAIL_FRAMES, self.n_token_layers
+        if L <= P + tail:
+            self.conformer_view(L).copy_(new)
+            return
+        out = self.conformer_view(P + tail)
+        half, lhalf = (P + tail) // 2, L // 2
+        out[:d, :, :, : P // 2].copy_(new[:d, :, :, : P // 2])
+        out[:d, :, :, P // 2: half].copy_(new[:d, :, :, lhalf - tail // 2: lhalf])
+        out[:d, :, :, half:].copy_(out[:d, :, :, :half])
+        out[d:, :, :, :P].copy_(new[d:, :, :, :P])
+        out[d:, :, :, P:].copy_(new[d:, :, :, L - tail:])
+
+    def _keep_estimator(self, L: int) -> None:
+        """Token2wav._trim_estimator_cache (L220-226) in place: once L > P + 100 keep [:P] (the newest
+        P frames: keys are newest-first) and move the last 100 frames to [P, P+100), in pieces no longer
+        than the shift so that no piece reads what an earlier piece wrote."""
+        P, tail = self.P, fh.TAIL_FRAMES
+        if L <= P + tail:
+            return
+        shift = L - (P + tail)
+        buf = self._est_buf
+        for i in range(0, tail, shift):
+            w = min(shift, tail - i)
+            buf[:, :, :, :, P + i: P + i + w].copy_(buf[:, :, :, :, P + shift + i: P + shift + i + w])
