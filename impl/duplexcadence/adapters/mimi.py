@@ -82,7 +82,7 @@ REGION_KINDS = {
 REDUCED = {"transformer": {"num_layers": 2}, "seanet": {"n_filters": 16}, "quantizer": {"n_q": 8}}
 DEPTHS = ("released", "reduced")
 MODES = ("stock", "stock_graphs", "cadence")
-CADENCE_GRAPHS = ("unit", "frame")
+CADENCE_GRAPHS = ("frame", "unit")
 KV_BOOKKEEPING = ("host", "stock")
 
 
@@ -401,15 +401,18 @@ def declare_regions(model, states: dict) -> list[Binding]:
 
 
 def session_schedule(bindings: list[Binding], unit_frames: list[int]) -> list[clocks.Step]:
-    """clocks.schedule for a sequence of units: no region ever changes length (ring slots stay at the
-    context; only the write counters' values advance), so step 0 is "first" and the rest "steady"."""
+    """clocks.schedule for a sequence of units (sizes: frames per unit). No region ever changes length: the
+    ring keeps `context` slots and only the write counters' values advance, so every step reads the same
+    lengths; the phases are clocks.schedule's (a unit size alternating 12 / 13 reads as "ramp").
+    Note: the ring is declared with advance 0 in slots; RegionSpec.step raises for a Ring advanced past
+    its capacity, since a Ring's length is its capacity from the first step on."""
     specs = [b.spec for b in bindings]
     return clocks.schedule(specs, [{} for _ in unit_frames], list(unit_frames), [False] * len(unit_frames))
 
 
 def new_session(model, mode: str, spec: dict | None = None):
     """mode "stock" (bit-exact reference), "stock_graphs" (moshi's CUDAGraphed baseline) or "cadence".
-    spec keys read: cadence_graphs ("unit" | "frame"), kv_bookkeeping ("host" | "stock": moshi's own
+    spec keys read: cadence_graphs ("frame" | "unit"), kv_bookkeeping ("host" | "stock": moshi's own
     RingKVCache on arena views), arena_backend, graphs (bool; default: on CUDA)."""
     if mode == "stock":
         return StockSession(model, graphs=False)
