@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     result = runner.verify(workload, device, depth=args.depth, seconds=args.seconds,
                            max_speak_units=max_units, steps=args.steps, seed=args.seed,
                            progress=not args.no_progress, command=command)
+    if device == "cpu" and args.max_speak_units is None and args.seconds is None:
+        result.notes.append(f"CPU default: a short run of the first {max_units} SPEAK units over >= 2 turns "
+                            f"(suite.reproduce); too few units for statistics, a check of the pipeline and of "
+                            f"bit-exactness only")
     folder = report.write_results(result, args.out)
     print(f"results: {folder}/run.json, {folder}/REPORT.md, "
           + ", ".join(f"{folder}/audio_{m}.wav" for m in result.modes))

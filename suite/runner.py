@@ -162,7 +162,8 @@ def _record(first: RunResult, modes: dict, comparison, verdict, reasons, codes, 
 
 
 def jsonable(obj):
-    """Plain JSON types: Paths and numpy scalars converted, tuples to lists, other objects to str."""
+    """Plain JSON types: numpy scalars converted, Paths as str (relative to the repository root when
+    inside it), tuples to lists, other objects to str."""
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -171,8 +172,11 @@ def jsonable(obj):
         return obj
     if isinstance(obj, np.generic):
         return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
+    if isinstance(obj, Path):          # repository paths relative, so results read the same anywhere
+        try:
+            return str(obj.resolve().relative_to(env.REPO_ROOT))
+        except ValueError:
+            return str(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return jsonable(dataclasses.asdict(obj))
     return str(obj)

@@ -333,7 +333,8 @@ def test_provenance_fields():
                 "python", "torch", "cuda", "packages", "device"):
         assert key in prov, key
     assert prov["command"] == ["python", "-m", "x"]
-    assert prov["packages"]["minicpmo-utils"] == "1.0.7"
+    assert prov["packages"]["torch"] == torch.__version__
+    assert set(prov["packages"]) >= {"minicpmo-utils", "moshi", "transformers"}   # a version or "absent"
     assert prov["device"]["cpu_cores"] >= 1
     assert len(prov["impl_tree"]) == 40
 
