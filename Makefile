@@ -26,7 +26,7 @@ $(VENV)/.stamp: pyproject.toml stock-packages.txt
 	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(PIP_OFFLINE) torch==2.13.0; \
 	fi
 	$(PY) -m pip install -q $(PIP_OFFLINE) --no-deps -r stock-packages.txt
-	$(PY) -m pip install -q $(PIP_OFFLINE) -e .
+	$(PY) -m pip install -q $(PIP_OFFLINE) $(if $(WHEELS),--no-build-isolation,) -e .
 	@touch $@
 
 reproduce: setup

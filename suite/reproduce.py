@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-CPU_DEFAULT_SPEAK_UNITS = 6     # ~6 s per stock MiniCPM-o unit at 10 steps on 2 CPU cores, two modes
+CPU_DEFAULT_SPEAK_UNITS = 4     # two turns (2 + first and final of the next); ~4 min on 2 idle cores
 
 
 def resolve_device(name: str) -> str:
@@ -35,7 +35,7 @@ def resolve_device(name: str) -> str:
 
 def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m suite.reproduce", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", default="minicpmo45", help="workload name (workloads.get)")
+    ap.add_argument("--workload", default="minicpmo45", help="workload name (workloads.get), or 'all'")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     ap.add_argument("--steps", type=int, default=None, help="Euler steps (default: the workload's)")
     ap.add_argument("--seconds", type=float, default=None, help="only units starting before S seconds")
@@ -64,7 +64,24 @@ def main(argv: list[str] | None = None) -> int:
     import workloads
     from suite import report, runner
 
-    workload = workloads.get(args.workload)
+    names = ([n for n in workloads.names() if workloads.get(n).architecture in GPU_ALL]
+             if args.workload == "all" else [args.workload])
+    status = 0
+    for name in names:
+        status = max(status, run_one(workloads.get(name), device, args, command, runner, report))
+    return status
+
+
+#: What `--workload all` runs: every workload whose adapter has a cadence mode (stepaudio2_mini's variant
+#: is not built yet: issue 4).
+GPU_ALL = ("flow_hift", "mimi", "code2wav")
+
+
+def run_one(workload, device, args, command, runner, report) -> int:
+    if workload.spec.get("variant") == "stepaudio2":
+        print(f"{workload.name}: the Step-Audio 2 variant (original HiFT, untrimmed conformer cache) is not "
+              f"implemented yet; skipped", file=sys.stderr)
+        return 0
     max_units, limited = args.max_speak_units, args.max_speak_units is not None or args.seconds is not None
     if device == "cpu" and not limited:
         max_units, limited = CPU_DEFAULT_SPEAK_UNITS, True

@@ -70,6 +70,8 @@ class Arena:
 
     def __init__(self, device: str | torch.device = "cpu", backend: str = "auto", name: str = "session"):
         self.device = torch.device(device)
+        self.auto = backend == "auto"
+        self.fallback: str | None = None
         if backend == "auto":
             backend = "cpu" if self.device.type == "cpu" else ("vmm" if _vmm_supported(self.device)
                                                               else "prealloc")
@@ -107,8 +109,15 @@ class Arena:
         size = max(self._size, ALIGN)
         if self.backend == "vmm":
             from duplexcadence import vmm
-            self._vmm = vmm.Reservation(size, self.device)
-            self._block = self._vmm.tensor()
+            try:
+                self._vmm = vmm.Reservation(size, self.device)
+                self._block = self._vmm.tensor()
+            except Exception as exc:   # a driver without VMM: exact preallocation, recorded
+                if not self.auto:
+                    raise
+                self.fallback = f"vmm unavailable ({type(exc).__name__}: {exc}); exact preallocation"
+                self.backend, self._vmm = "prealloc", None
+                self._block = torch.zeros(size, dtype=torch.uint8, device=self.device)
         else:
             self._block = torch.zeros(size, dtype=torch.uint8, device=self.device)
         return self

@@ -82,7 +82,7 @@ class Ring:
     capacity: int
 
     def after(self, before: int, grown: int) -> int:
-        return self.capacity
+        return min(grown, self.capacity)
 
     def bound(self) -> int:
         return self.capacity
@@ -107,6 +107,8 @@ class RegionSpec:
         Raises ClockError if the grown length crosses the policy's bound.
         """
         grown = before + advance
+        if isinstance(self.policy, Ring):      # wraps: the ring never holds more than its capacity
+            return min(grown, self.policy.capacity), min(grown, self.policy.capacity)
         if grown > self.policy.bound():
             raise ClockError(f"region {self.name!r}: a step of +{advance} {self.clock} from {before} "
                              f"reaches {grown}, past its declared bound {self.policy.bound()} "

@@ -372,14 +372,20 @@ class StockSession:
         self._base = (copy.deepcopy(flow_cache), copy.deepcopy(hift_cache))
         self.buffer: list[int] | None = None   # None: no turn open
         self.turn = -1
+        self._flow_cache = self._hift_cache = None
+
+    @property
+    def caches(self) -> dict:
+        """This session's stock flow caches (Token2wav.stream_cache layout)."""
+        return self._flow_cache
 
     def stats(self) -> dict:
         return {}
 
     def start_turn(self) -> None:
         """Restore clones of the base caches and the [4218]*3 buffer (unified L4406-4410)."""
-        self.t2w.stream_cache = copy.deepcopy(self._base[0])
-        self.t2w.hift_cache_dict = copy.deepcopy(self._base[1])
+        self._flow_cache = copy.deepcopy(self._base[0])
+        self._hift_cache = copy.deepcopy(self._base[1])
         self.buffer = [SILENCE_TOKEN] * PRE_LOOKAHEAD
         self.turn += 1
 
@@ -396,9 +402,15 @@ class StockSession:
             raise InputError(f"tokens: at most {CHUNK_TOKENS + 1} per unit (generate_chunk max_new_token=26), "
                              f"got {len(tokens)}")
         calls, rest = plan_calls(self.buffer, tokens, final)
+        # Several sessions may share one Token2wav instance: bind this session's caches for the unit.
+        t2w = self.t2w
+        t2w.stream_cache, t2w.hift_cache_dict, t2w._stream_prompt = self._flow_cache, self._hift_cache, self.prompt.key
         waves = []
-        for call in calls:
-            waves.append(self.t2w.stream(call.tokens, last_chunk=call.last_chunk, return_waveform=True))
+        try:
+            for call in calls:
+                waves.append(t2w.stream(call.tokens, last_chunk=call.last_chunk, return_waveform=True))
+        finally:
+            self._flow_cache, self._hift_cache = t2w.stream_cache, t2w.hift_cache_dict
         self.buffer = None if final else rest
         wave = np.concatenate([w.reshape(-1) for w in waves]) if waves else np.zeros(0, np.float32)
         return UnitOutput(wave.astype(np.float32, copy=False), to_pcm16(wave),
@@ -418,6 +430,8 @@ CLOCKS = {
 }
 TAIL_FRAMES = 100      # Token2wav.CONFORMER_HISTORY_FRAMES and the estimator trim's -100 (L220-247)
 MAX_CALL_TOKENS = CHUNK_TOKENS + PRE_LOOKAHEAD   # 28
+POSITION_TABLE = 5000  # EspnetRelPositionalEncoding(max_len=5000): encoder positions per call (embedding.py)
+NOISE_FRAMES = 30000   # rand_noise [1, 80, 50*600] (flow_matching.py L33): offset + chunk must fit
 
 
 def mel_advance(n_tokens: int, last_chunk: bool) -> int:
@@ -437,6 +451,13 @@ def regions(prompt_frames: int) -> list:
     P = int(prompt_frames)
     if P % 2:
         raise ValueError(f"prompt_frames: expected an even mel-frame count (2 x tokens), got {P}")
+    longest = P + TAIL_FRAMES + mel_advance(MAX_CALL_TOKENS, False)
+    for what, limit in (("the conformer's relative-position table (EspnetRelPositionalEncoding max_len)",
+                         POSITION_TABLE), ("the flow's noise table (CausalConditionalCFM.rand_noise)", NOISE_FRAMES)):
+        if longest > limit:
+            raise _clocks.ClockError(f"region 'conformer_att'/'estimator_att': a prompt of {P} mel frames "
+                                     f"makes the caches reach {longest} frames, past {what} of {limit}; "
+                                     f"use a prompt of at most {limit - TAIL_FRAMES - 50} frames")
     keep = _clocks.HeadTail(P, TAIL_FRAMES, mel_advance(MAX_CALL_TOKENS, False))
     return [
         _clocks.RegionSpec("conformer_att", "mel", P, keep, axis=3),

@@ -122,6 +122,7 @@ class CadenceSession:
         self._tokens: dict[int, torch.Tensor] = {}
         self.len_conf = self.len_est = None   # host clocks (mel frames); None: no open turn
         self.buffer: list[int] | None = None
+        self._hift: dict = {}
         self.turn = -1
 
     # --- arena views ---------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class CadenceSession:
             self._est_cnn.copy_(self._base_flow["estimator_cnn_cache"][: self.n_steps])
             self._conf_cnn.copy_(self._base_flow["conformer_cnn_cache"])
         self.len_conf = self.len_est = P
-        self.t2w.hift_cache_dict = copy.deepcopy(self._base_hift)
+        self._hift = copy.deepcopy(self._base_hift)   # vocoder state (stock BoundedVocoder cache dict)
         self.buffer = [fh.SILENCE_TOKEN] * fh.PRE_LOOKAHEAD
         self.turn += 1
 
@@ -170,7 +171,8 @@ class CadenceSession:
 
     def stats(self) -> dict:
         out = self.graphs.stats.snapshot()
-        out.update(arena_bytes_reserved=self.arena.bytes_reserved, arena_bytes_mapped=self.arena.bytes_mapped,
+        out.update(arena_backend=self.arena.backend, arena_fallback=self.arena.fallback,
+                   arena_bytes_reserved=self.arena.bytes_reserved, arena_bytes_mapped=self.arena.bytes_mapped,
                    graph_pool_bytes=self.graphs.pool_bytes, graphs=len(self.graphs.entries))
         return out
 
@@ -196,8 +198,9 @@ class CadenceSession:
             self.len_conf = self.specs["conformer_att"].step(Lc, adv)[1]
             self.len_est = self.specs["estimator_att"].step(Le, adv)[1]
         else:  # an empty final call only flushes the vocoder (token2wav.py L271-273)
-            mel = self.t2w.hift_cache_dict["mel"][:, :, :0]
+            mel = self._hift["mel"][:, :, :0]
         with torch.inference_mode():
+            self.t2w.hift_cache_dict = self._hift        # several sessions may share one Token2wav
             speech = self.t2w._stream_vocode(mel, last_chunk)
         return speech.cpu().numpy()
 
