@@ -1,0 +1,66 @@
+"""A small synthetic MiniCPM-o 4.5 token2wav checkpoint, written from tests/data/flow_hift_manifest.json.
+
+The directory has the files minicpmo-utils 1.0.7's `Token2wav` reads (token2wav.py L100-104, less the two
+ONNX front-end models): flow.yaml and config.yaml (reduced-depth text from the manifest), and flow.pt,
+hift.pt, hift_original.pt (`torch.save` of dicts of seeded random tensors with exactly the manifest's
+key names, shapes and dtypes). Nothing here imports the loader under test (duplexcadence) or stepaudio2.
+
+Values: matrices N(0, 1/fan_in), vectors 0.1 x N(0, 1); for the two vocoders, `conv_post` (whose first
+n_fft/2 + 1 = 9 output channels are log-magnitudes, causal_vocoder/generator.py L704) gets 0.3 x its weight
+norm gain and -2 on those 9 biases, so random audio stays mostly inside the +-0.99 clamp instead of
+saturating (measured: max |x| 0.8, none clipped). Deterministic in `seed`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+MANIFEST = Path(__file__).resolve().parent / "data" / "flow_hift_manifest.json"
+TENSOR_FILES = ("flow.pt", "hift.pt", "hift_original.pt")
+TEXT_FILES = ("flow.yaml", "config.yaml")
+
+
+def load_manifest() -> dict:
+    """The committed layout: {"texts": {file: yaml}, "tensors": {file: {key: [shape, dtype]}}, ...}."""
+    return json.loads(MANIFEST.read_text())
+
+
+def _tensor(shape: list[int], dtype: str, gen: torch.Generator) -> torch.Tensor:
+    dt = getattr(torch, dtype)
+    if not dt.is_floating_point:
+        raise ValueError(f"manifest dtype {dtype}: only floating-point tensors are expected")
+    x = torch.randn(shape, generator=gen, dtype=torch.float32)
+    x = x / math.sqrt(max(1, math.prod(shape[1:]))) if len(shape) >= 2 else 0.1 * x
+    return x.to(dt)
+
+
+QUIET_BINS = 9   # istft n_fft 16 // 2 + 1 (config.yaml istft_params)
+
+
+def _quiet_(key: str, x: torch.Tensor) -> torch.Tensor:
+    if key.endswith("conv_post.parametrizations.weight.original0"):
+        return x * 0.3
+    if key.endswith("conv_post.bias"):
+        x = x.clone()
+        x[:QUIET_BINS] -= 2.0
+    return x
+
+
+def write_checkpoint(directory: Path, *, seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
+    """Write the checkpoint directory (created if absent); return {file: {key: tensor written}}."""
+    manifest = load_manifest()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in TEXT_FILES:
+        (directory / name).write_text(manifest["texts"][name])
+    gen = torch.Generator().manual_seed(seed)
+    written = {}
+    for name in TENSOR_FILES:
+        tensors = {key: _quiet_(key, _tensor(shape, dtype, gen))
+                   for key, (shape, dtype) in manifest["tensors"][name].items()}
+        torch.save(tensors, directory / name)
+        written[name] = tensors
+    return written

@@ -1,0 +1,114 @@
+"""MiniCPM-o 4.5 tail: loading a checkpoint directory in the released layout (minicpmo-utils 1.0.7's
+Token2wav files, token2wav.py L100-104, less the two ONNX models) through flow_hift.build_token2wav.
+
+The checkpoint is synthetic and reduced-depth, written by tests/synthetic_checkpoint.py from the committed
+key/shape manifest tests/data/flow_hift_manifest.json, independently of the loader's code. Expected values
+are the tensors written, compared with torch.equal key by key.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+import synthetic_checkpoint as sc  # noqa: E402  (tests/ is on sys.path under pytest)
+from duplexcadence.adapters import flow_hift as fh  # noqa: E402
+
+VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / "ljspeech_LJ001-0001_24k.wav"
+FILES = sc.TEXT_FILES + sc.TENSOR_FILES
+FLOW_KEY = "decoder.estimator.blocks.1.attn.to_q.weight"
+HIFT_KEY = "f0_predictor.classifier.weight"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.set_num_threads(2)
+    directory = tmp_path_factory.mktemp("ckpt")
+    return directory, sc.write_checkpoint(directory, seed=3)
+
+
+@pytest.fixture(scope="module")
+def t2w(checkpoint):
+    return fh.build_token2wav(model_dir=checkpoint[0], n_timesteps=2, device="cpu")
+
+
+def assert_state_equal(module: torch.nn.Module, written: dict, what: str, float64: str | None = None) -> None:
+    """Every key loaded, bit-equal. Keys under `float64` are held widened to float64 by the stock code
+    (exact for float32 values), so they are compared with the written tensor widened the same way."""
+    loaded = module.state_dict()
+    assert set(loaded) == set(written), f"{what}: keys differ: {sorted(set(loaded) ^ set(written))[:5]}"
+    for key, tensor in written.items():
+        if float64 is not None and key.startswith(float64):
+            tensor = tensor.to(torch.float64)
+        assert loaded[key].dtype == tensor.dtype and torch.equal(loaded[key], tensor), f"{what}: {key}"
+
+
+def test_manifest_is_the_reduced_configuration():
+    manifest = sc.load_manifest()
+    assert manifest["versions"]["minicpmo-utils"] == "1.0.7"
+    assert manifest["depth"] == {"num_blocks": 2, "num_up_blocks": 1, "dit_depth": 2}
+    assert "num_blocks: 2\n" in manifest["texts"]["flow.yaml"] and "depth: 2\n" in manifest["texts"]["flow.yaml"]
+    assert set(manifest["tensors"]) == set(sc.TENSOR_FILES)
+    assert all(k.startswith("generator.") for k in manifest["tensors"]["hift_original.pt"])
+
+
+def test_every_written_tensor_is_loaded(checkpoint, t2w):
+    directory, written = checkpoint
+    assert_state_equal(t2w.flow, written["flow.pt"], "flow.pt")
+    # BoundedVocoder.__init__ runs the F0 predictor in float64 (bounded_vocoder.py L64).
+    assert_state_equal(t2w.hift, written["hift.pt"], "hift.pt", float64="f0_predictor.")
+    assert Path(t2w.vocoder_checkpoint) == directory / "hift.pt"
+    # hift_original.pt is read lazily by the stock whole-utterance path (token2wav.py L158-165).
+    original = t2w._get_original_vocoder()
+    assert_state_equal(original, {k.removeprefix("generator."): v for k, v in written["hift_original.pt"].items()},
+                       "hift_original.pt")
+
+
+def test_first_unit_of_a_turn_gives_one_second(t2w):
+    prompt = fh.prepare_prompt(VOICE, seconds=2.0)
+    session = fh.StockSession(t2w, prompt)
+    session.start_turn()
+    tokens = torch.randint(0, fh.VOCAB_SIZE, (25,), generator=torch.Generator().manual_seed(4)).tolist()
+    out = session.speak(tokens)
+    assert out.info["calls"] == [28]                       # [4218]*3 + 25 new tokens
+    assert out.waveform.dtype == np.float32 and out.samples == 24000
+    # 1.0.7: the first non-empty vocoder output is preceded by 8 x 480 zero samples (token2wav.py L206-218).
+    assert not out.waveform[:3840].any()
+    assert np.isfinite(out.waveform).all() and np.abs(out.waveform[3840:]).max() > 1e-3
+    assert out.pcm16.dtype == np.dtype("<i2") and out.pcm16.shape == (24000,)
+
+
+@pytest.mark.parametrize("missing", FILES + ("directory",))
+def test_missing_file_is_named(tmp_path, missing):
+    for name in FILES:
+        if name != missing:
+            (tmp_path / name).write_bytes(b"")
+    model_dir = tmp_path / "absent" if missing == "directory" else tmp_path
+    with pytest.raises(FileNotFoundError, match=re.escape("absent" if missing == "directory" else missing)):
+        fh.build_token2wav(model_dir=model_dir, n_timesteps=2, device="cpu")
+
+
+@pytest.mark.parametrize("file,key,defect", [
+    pytest.param("flow.pt", FLOW_KEY, "missing", id="flow-missing-key"),
+    pytest.param("hift.pt", HIFT_KEY, "shape", id="hift-wrong-shape"),
+])
+def test_checkpoint_defects_raise_naming_the_key(checkpoint, tmp_path, file, key, defect):
+    good, written = checkpoint
+    for name in FILES:
+        if name != file:
+            os.link(good / name, tmp_path / name)
+    state = dict(written[file])
+    if defect == "missing":
+        del state[key]
+    else:
+        state[key] = torch.zeros([s + 1 for s in state[key].shape])
+    torch.save(state, tmp_path / file)
+    message = "Missing key(s)" if defect == "missing" else "size mismatch"
+    with pytest.raises(RuntimeError, match=re.escape(message) + ".*" + re.escape(key)):
+        fh.build_token2wav(model_dir=tmp_path, n_timesteps=2, device="cpu")
