@@ -43,7 +43,8 @@ bench: setup
 
 asv: setup
 	$(PY) -m pip install -q $(PIP_OFFLINE) "asv>=0.6"
-	$(VENV)/bin/asv run --environment existing:$(PY) --set-commit-hash $$(git rev-parse HEAD) $(ARGS)
+	$(VENV)/bin/asv machine --yes
+	$(VENV)/bin/asv run --environment existing:$(PY) --set-commit-hash $${DUPLEXCADENCE_GIT_REV:-$$(git rev-parse HEAD)} $(ARGS)
 	$(VENV)/bin/asv publish
 
 clean:

@@ -146,12 +146,21 @@ def provenance(command: list[str] | None = None, *, device: str | torch.device =
     """Everything that says where a result came from. command: argv as run (default: sys.argv)."""
     lines = status_lines()
     cuda = torch.version.cuda
+    git = {"git_rev": _git("rev-parse", "HEAD") or "NA",
+           "git_dirty": None if lines is None else is_dirty(lines),
+           "git_status": lines if lines is not None else "NA",
+           **impl_tree(lines=lines or [])}
+    if lines is None and os.environ.get("DUPLEXCADENCE_GIT_REV"):
+        # A copied working tree without .git (a lent GPU machine): the caller states the checkout it
+        # copied, read with git on the machine it was copied from.
+        git = {"git_rev": os.environ["DUPLEXCADENCE_GIT_REV"],
+               "git_dirty": os.environ.get("DUPLEXCADENCE_GIT_DIRTY", "1") != "0",
+               "git_status": "NA (no .git here; stated by the caller)",
+               "impl_tree": os.environ.get("DUPLEXCADENCE_IMPL_TREE", "NA"), "impl_dirty": None,
+               "git_source": "caller (DUPLEXCADENCE_GIT_REV / _DIRTY / _IMPL_TREE)"}
     return {
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_rev": _git("rev-parse", "HEAD") or "NA",
-        "git_dirty": None if lines is None else is_dirty(lines),
-        "git_status": lines if lines is not None else "NA",
-        **impl_tree(lines=lines or []),
+        **git,
         "command": list(command if command is not None else sys.argv),
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -18,7 +18,6 @@ token loop L5446-5525). shared/notes/stock_decoders.md section 2 has the details
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import tempfile
@@ -355,6 +354,19 @@ def plan_calls(buffer: list[int], new_tokens: list[int], final: bool) -> tuple[l
     return calls, buf
 
 
+def clone_recursive(obj):
+    """`tensor.clone()` through dicts/lists/tuples, as the duplex loop's `torch_clone_recursive` does
+    for the per-voice base caches and at every turn reset (unified L4398-4410). A clone of a view copies
+    only the view's elements (the stock estimator cache is a view of a 2 GiB module buffer)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: clone_recursive(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(clone_recursive(v) for v in obj)
+    return obj
+
+
 class StockSession:
     """One duplex session on the stock runtime, driven as MiniCPM-o 4.5's duplex loop drives Token2wav.
 
@@ -369,7 +381,7 @@ class StockSession:
         self.prompt = prompt
         install_prompt(t2w, prompt)
         flow_cache, hift_cache = t2w.set_stream_cache(prompt.key)
-        self._base = (copy.deepcopy(flow_cache), copy.deepcopy(hift_cache))
+        self._base = (clone_recursive(flow_cache), clone_recursive(hift_cache))
         self.buffer: list[int] | None = None   # None: no turn open
         self.turn = -1
         self._flow_cache = self._hift_cache = None
@@ -384,8 +396,8 @@ class StockSession:
 
     def start_turn(self) -> None:
         """Restore clones of the base caches and the [4218]*3 buffer (unified L4406-4410)."""
-        self._flow_cache = copy.deepcopy(self._base[0])
-        self._hift_cache = copy.deepcopy(self._base[1])
+        self._flow_cache = clone_recursive(self._base[0])
+        self._hift_cache = clone_recursive(self._base[1])
         self.buffer = [SILENCE_TOKEN] * PRE_LOOKAHEAD
         self.turn += 1
 

@@ -27,7 +27,6 @@ suite's verify mode check every unit).
 """
 from __future__ import annotations
 
-import copy
 import math
 from contextlib import contextmanager
 
@@ -99,7 +98,7 @@ class CadenceSession:
         # Per-voice base caches: the stock set-up, run once (as MiniCPM-o does per voice).
         flow_cache, hift_cache = t2w.set_stream_cache(prompt.key)
         self._base_flow = {k: v.clone() for k, v in flow_cache.items()}
-        self._base_hift = copy.deepcopy(hift_cache)
+        self._base_hift = fh.clone_recursive(hift_cache)
         # set_stream_cache left the stock CFM buffers holding this voice; cadence never reads them.
 
         self.arena = Arena(self.device, backend=arena_backend, name="flow_hift")
@@ -150,7 +149,7 @@ class CadenceSession:
             self._est_cnn.copy_(self._base_flow["estimator_cnn_cache"][: self.n_steps])
             self._conf_cnn.copy_(self._base_flow["conformer_cnn_cache"])
         self.len_conf = self.len_est = P
-        self._hift = copy.deepcopy(self._base_hift)   # vocoder state (stock BoundedVocoder cache dict)
+        self._hift = fh.clone_recursive(self._base_hift)   # vocoder state (stock BoundedVocoder cache dict)
         self.buffer = [fh.SILENCE_TOKEN] * fh.PRE_LOOKAHEAD
         self.turn += 1
 
