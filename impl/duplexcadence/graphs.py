@@ -38,11 +38,13 @@ class GraphStats:
     eager_runs: int = 0          # graphs disabled (CPU) or signature marked eager
     eager_fallbacks: int = 0     # unseen signature after close(), or a failed capture
     capture_failures: int = 0
+    warmup_runs: int = 0         # eager first occurrences of a signature (warmup > 0)
     failures: list = field(default_factory=list)
 
     def snapshot(self) -> dict:
         return {"captures": self.captures, "replays": self.replays, "eager_runs": self.eager_runs,
-                "eager_fallbacks": self.eager_fallbacks, "capture_failures": self.capture_failures}
+                "warmup_runs": self.warmup_runs, "eager_fallbacks": self.eager_fallbacks,
+                "capture_failures": self.capture_failures, "failures": [f[:300] for f in self.failures[:3]]}
 
 
 @dataclass
@@ -61,13 +63,16 @@ class GraphCache:
     arena: the session's Arena; its base address is checked on every replay.
     """
 
-    def __init__(self, device, *, enabled: bool | None = None, strict: bool = False, arena=None):
+    def __init__(self, device, *, enabled: bool | None = None, strict: bool = False, arena=None,
+                 warmup: int = 0):
         self.device = torch.device(device)
         self.enabled = (self.device.type == "cuda") if enabled is None else enabled
         if self.enabled and self.device.type != "cuda":
             raise ValueError(f"graphs need a CUDA device, got {self.device}")
         self.strict = strict
         self.arena = arena
+        self.warmup = warmup            # eager runs of a signature before it is captured (lazy inits)
+        self.seen: dict = {}
         self.entries: dict[Hashable, GraphEntry] = {}
         self.eager_only: set = set()
         self.closed = False
@@ -98,6 +103,10 @@ class GraphCache:
             entry.graph.replay()
             self.stats.replays += 1
             return entry.outputs
+        if self.seen.get(signature, 0) < self.warmup and not self.closed:
+            self.seen[signature] = self.seen.get(signature, 0) + 1
+            self.stats.warmup_runs += 1
+            return step()
         if self.closed:
             if self.strict:
                 raise SignatureError(f"signature {signature!r} was not captured before close() "
@@ -117,6 +126,7 @@ class GraphCache:
             self.stats.failures.append(f"{signature!r}: {type(exc).__name__}: {exc}")
             self.eager_only.add(signature)
             torch.cuda.synchronize(self.device)
+            self.pool = torch.cuda.graph_pool_handle()     # never reuse a pool a failed capture touched
             self.stats.eager_fallbacks += 1
             return step()
         self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)

@@ -76,7 +76,9 @@ class Reservation:
         return len(self.handles) * self.granularity
 
     def tensor(self) -> torch.Tensor:
-        """A uint8 tensor over the whole reserved range (touch only mapped parts)."""
+        """A uint8 tensor over the whole reserved range (touch only mapped parts). The first granule is
+        mapped first: torch checks the pointer's attributes, which an unmapped address does not have."""
+        self.ensure(0, 1)
         return torch.as_tensor(_Interface(self.base, self.size), device=self.device)
 
     def ensure(self, offset: int, nbytes: int) -> None:

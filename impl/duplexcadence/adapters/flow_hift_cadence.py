@@ -116,8 +116,10 @@ class CadenceSession:
         self._dit_att = a["dit_att_scratch"].view((depth, 2, heads, Lmax, dk2))
         self._dit_cnn = a["dit_cnn_scratch"].view((depth, 2, 1024, 2))
         self._shape_conf = (n_layers, 1, heads)
-        self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=a)
+        # warmup=1: a signature's first occurrence runs eagerly (lazy initialisations outside capture).
+        self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=a, warmup=1)
         self._timestep = _DeviceTimestepTable()
+        self._timestep(torch.zeros(2, device=self.device, dtype=dtype), dit.t_embedder.frequency_embedding_size)
         self._tokens: dict[int, torch.Tensor] = {}
         self.len_conf = self.len_est = None   # host clocks (mel frames); None: no open turn
         self.buffer: list[int] | None = None
