@@ -12,6 +12,10 @@ WHEELS ?=
 PIP_OFFLINE := $(if $(WHEELS),--no-index --find-links $(WHEELS),)
 # Options for reproduce: make reproduce ARGS="--device cuda --steps 5 --seconds 40"
 ARGS ?=
+# stepaudio2 wraps its encoder chunk in torch.compile(backend="eager"): tracing and recompiling for every
+# new shape is host overhead only (the same aten kernels run), minutes per session on a CPU. Off by default
+# for both modes alike, recorded in every result; `make reproduce TORCHDYNAMO_DISABLE=0` keeps it.
+export TORCHDYNAMO_DISABLE ?= 1
 
 .PHONY: setup reproduce report test bench asv clean
 setup: $(VENV)/.stamp

@@ -300,3 +300,20 @@ def test_cuda_graph_replay_is_bit_exact_and_steady_units_replay():
         if u >= 4:
             assert after["captures"] == before["captures"] and after["replays"] == before["replays"] + 1
     assert np.all(np.isfinite(b.waveform))
+
+
+@pytest.mark.released
+def test_released_configuration_first_ramp_steady_and_flush_bit_exact():
+    """The released architecture (6 + 4 conformer blocks, DiT depth 16, 10 Euler steps, full vocoder) with
+    the workload's 6 s prompt (P = 300): first, ramp and steady units and a final flush, byte-identical."""
+    m = fh.build_model({"n_timesteps": 10, "voice_prompt": str(VOICE), "prompt_seconds": 6.0},
+                       depth="released", seed=0)
+    assert m.prompt.mel_frames == 300 and len(m.t2w.flow.decoder.estimator.blocks) == 16
+    stock, cad = fh.new_session(m, "stock"), fh.new_session(m, "cadence")
+    for s in (stock, cad):
+        s.start_turn()
+    for u, n in enumerate([25, 25, 25, 2]):
+        final = u == 3
+        a, b = stock.speak(tokens_for(u, n), final=final), cad.speak(tokens_for(u, n), final=final)
+        compare_units("minicpmo45-released", u, a, b)
+        assert a.waveform.std() > 1e-4

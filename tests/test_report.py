@@ -121,7 +121,8 @@ def test_reproduce_cpu_default_short_run_passes(fake_workloads, clean_tree, tmp_
     assert rc == 0
     assert rec["parameters"]["max_speak_units"] == reproduce.CPU_DEFAULT_SPEAK_UNITS
     assert rec["verdict"] == "INVALID" and set(rec["invalid_codes"]) == {"few_units"}
-    assert any(n.startswith("CPU default: a short run of the first 6 SPEAK units") for n in rec["notes"])
+    assert any(n.startswith(f"CPU default: a short run of the first {reproduce.CPU_DEFAULT_SPEAK_UNITS} SPEAK units")
+               for n in rec["notes"])
     assert "results:" in capsys.readouterr().out
 
 
