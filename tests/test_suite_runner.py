@@ -360,33 +360,53 @@ def test_deterministic_sets_and_restores():
     assert flags["set"]["cudnn_deterministic"] is True and flags["set"]["cudnn_allow_tf32"] is False
 
 
-def test_cpu_memory_probe_sees_a_session_allocation():
-    probe = memory.MemoryProbe("cpu")
-    probe.model_loaded()
-    probe.begin_session()
-    block = np.ones(96 * 2**20, dtype=np.uint8)      # 96 MiB, touched
+# Resident-set figures depend on what the process did before (freed but still resident memory, the
+# high-water mark): each memory-probe check runs in a fresh interpreter.
+_PROBE_SEES_ALLOCATION = """
+import numpy as np, pytest
+from suite import memory
+probe = memory.MemoryProbe("cpu")
+probe.model_loaded()
+probe.begin_session()
+block = np.ones(96 * 2**20, dtype=np.uint8)      # 96 MiB, touched
+probe.observe()
+del block
+mem = probe.end_session()
+assert all(k.endswith("_mib") or k.endswith("_source") for k in mem)
+assert mem["session_rss_mib"] >= 90, mem
+with pytest.raises(RuntimeError, match="no session"):
     probe.observe()
-    del block
-    mem = probe.end_session()
-    assert all(k.endswith("_mib") or k.endswith("_source") for k in mem)
-    assert mem["session_rss_mib"] >= 90, mem
-    with pytest.raises(RuntimeError, match="no session"):
-        probe.observe()
+"""
+
+_PROBE_DISCOUNTS_LEFTOVER = """
+import numpy as np
+from suite import memory
+probe = memory.MemoryProbe("cpu")
+probe.model_loaded()
+kept = []
+probe.begin_session()
+kept.append(np.ones(96 * 2**20, dtype=np.uint8))   # the first session leaves 96 MiB behind
+first = probe.end_session()
+probe.begin_session()
+second = probe.end_session()                        # the second allocates nothing
+assert second["leftover_rss_mib"] >= 90, second
+assert second["session_rss_mib"] < 30, second
+assert second["peak_over_idle_rss_mib"] < first["peak_over_idle_rss_mib"] - 60, (first, second)
+"""
+
+
+def _fresh(code: str) -> None:
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_cpu_memory_probe_sees_a_session_allocation():
+    _fresh(_PROBE_SEES_ALLOCATION)
 
 
 def test_cpu_memory_probe_discounts_what_an_earlier_session_left():
-    probe = memory.MemoryProbe("cpu")
-    probe.model_loaded()
-    kept = []
-    probe.begin_session()
-    kept.append(np.ones(96 * 2**20, dtype=np.uint8))   # the first session leaves 96 MiB behind
-    first = probe.end_session()
-    probe.begin_session()
-    second = probe.end_session()                        # the second allocates nothing
-    assert second["leftover_rss_mib"] >= 90, second
-    assert second["session_rss_mib"] < 30, second
-    assert second["peak_over_idle_rss_mib"] < first["peak_over_idle_rss_mib"] - 60, (first, second)
-    del kept
+    _fresh(_PROBE_DISCOUNTS_LEFTOVER)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: allocator and driver-level memory")
