@@ -10,7 +10,8 @@ Files of one run (run_id = `<UTC date>-<device short name>-<workload>`, e.g. 202
   the verdict, and "Parameters used" last.
 
 `python -m suite.report results/<run_id> [...]` rebuilds REPORT.md from run.json (every
-results/*/run.json when no folder is given).
+results/*/run.json when no folder is given); for a staged reproduction (stages.json, suite.reproduce) it
+rebuilds the merged report (suite.claims).
 """
 from __future__ import annotations
 
@@ -68,8 +69,13 @@ def write_results(result, out_root: str | Path = "results", *, name: str | None 
 
 
 def rebuild(folder: str | Path) -> Path:
-    """Re-render folder/REPORT.md from folder/run.json. Raises FileNotFoundError naming the file."""
+    """Re-render folder/REPORT.md from folder/run.json, or, for a staged reproduction (folder/stages.json),
+    the merged report from its stages (suite.claims.write). Raises FileNotFoundError naming the file."""
     folder = Path(folder)
+    if (folder / "stages.json").is_file():
+        from suite import claims
+
+        return claims.write(folder)
     path = folder / "run.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no run.json (expected a folder written by suite.reproduce)")
@@ -279,14 +285,20 @@ def summary_text(record: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m suite.report",
                                  description="Rebuild REPORT.md of result folders from their run.json.")
-    ap.add_argument("folders", nargs="*", help="results/<run_id> folders (default: every results/*/run.json)")
+    ap.add_argument("folders", nargs="*", help="results/<run_id> folders, single runs (run.json) or staged "
+                                               "reproductions (stages.json) (default: every one under results/)")
     args = ap.parse_args(argv)
-    folders = args.folders or sorted(str(p.parent) for p in Path("results").glob("*/run.json"))
+    folders = args.folders or sorted({str(p.parent) for pat in ("*/run.json", "*/stages.json")
+                                      for p in Path("results").glob(pat)})
     if not folders:
-        print("no results/*/run.json found; nothing to rebuild", file=sys.stderr)
+        print("no results/*/run.json or results/*/stages.json found; nothing to rebuild", file=sys.stderr)
         return 1
     for folder in folders:
-        print(f"wrote {rebuild(folder)}")
+        try:
+            print(f"wrote {rebuild(folder)}")
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -1,50 +1,92 @@
-"""`make reproduce`: run a workload stock and DuplexCadence on one model instance, write results/<run_id>/.
+"""`make reproduce`: the staged, resumable reproduction of every claim, merged into one REPORT.md.
 
-    python -m suite.reproduce [--workload minicpmo45] [--device auto|cpu|cuda] [--steps 5|10]
-                              [--seconds S] [--max-speak-units N] [--depth released|reduced] [--out results/]
+    python -m suite.reproduce [--workload W|all] [--stages PATTERNS] [--device auto|cpu|cuda]
+                              [--steps N] [--seconds S] [--max-speak-units N] [--depth released|reduced]
+                              [--seed N] [--out results/] [--run-dir DIR] [--resume] [--budget-s S]
+                              [--stage-budget-s S] [--compare REF ...] [--list]
 
---device auto takes CUDA when available, else CPU. On CUDA the default is the whole session script. On CPU
-the default is a short run (released config, the first `CPU_DEFAULT_SPEAK_UNITS` SPEAK units over at least
-2 turns) that finishes in a few minutes on 2 cores; its verdict is INVALID for too few units, which is
-reported but does not fail the command. Runs `suite.runner.verify` (stock, then cadence, compared per
-unit); where the adapter has no cadence mode it runs stock only and the report says so.
+Stages (suite.stages): `<workload>.verify` (speedup and bitwise equality, stock then cadence on one
+model), `<workload>.memory_stock` / `.memory_cadence` (one process per mode: driver-level peak and
+per-session increment), `<workload>.duplex` (issue 7's harness; skipped with the reason until it exists).
+Every stage runs in a process of its own with a time budget; state is kept in `<run dir>/stages.json` and
+the merged report in `<run dir>/REPORT.md` (suite.claims), rewritten after every sitting.
 
-Exit status: 0 when every compared unit is byte-identical and the verdict is VALID, or INVALID only for
-too few units in a run cut short on purpose (the CPU default, or --seconds / --max-speak-units given);
-1 otherwise; 2 for bad arguments.
+Defaults: on CUDA every workload (`--workload all`) through every harness; on CPU the default workload
+(minicpmo45), verify only, released config, the first `CPU_DEFAULT_SPEAK_UNITS` SPEAK units over 2 turns
+(a few minutes on 2 cores). The run folder is `<out>/<UTC date>-<device>-reproduce` (a suffix -2, ... when
+taken) or `--run-dir`. `--resume` continues a run folder: done stages are kept, failed and pending ones run
+(the options must equal the recorded ones). `--budget-s` bounds this sitting: a stage starts only if its
+budget fits in what is left (the first stage of a sitting always starts); the rest stay pending.
+
+Exit status: 0 when every selected stage is done or skipped and every record is byte-identical and VALID
+(or INVALID only for too few units in a run cut short on purpose); 1 when a stage failed or a record is
+not; 2 for bad arguments or an unusable run folder; 3 when the budget ran out with stages pending
+(rerun with --resume).
 """
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import sys
+from pathlib import Path
 
 import torch
 
 CPU_DEFAULT_SPEAK_UNITS = 4     # two turns (2 + first and final of the next); ~4 min on 2 idle cores
+EXIT_PENDING = 3
 
 
 def resolve_device(name: str) -> str:
-    """'auto' -> 'cuda' if available else 'cpu'. Raises ValueError for 'cuda' without CUDA."""
+    """'auto' -> 'cuda' if available else 'cpu'. Raises ValueError for 'cuda' without CUDA, or a name that
+    is neither cpu nor cuda[:N]."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if name != "cpu" and not (name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine (torch "
                          f"{torch.__version__}); use --device cpu or auto")
     return name
 
 
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+    return parse
+
+
 def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m suite.reproduce", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", default="minicpmo45", help="workload name (workloads.get), or 'all'")
+    ap.add_argument("--workload", default=None,
+                    help="workload name (workloads.get), comma-separated names, or 'all' (default: all on "
+                         "CUDA, minicpmo45 on CPU)")
+    ap.add_argument("--stages", default=None,
+                    help="comma-separated stage globs or names: 'minicpmo45.*', '*.memory_*', 'verify', "
+                         "'memory', 'duplex' (default: every harness on CUDA, verify on CPU)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    ap.add_argument("--steps", type=int, default=None, help="Euler steps (default: the workload's)")
-    ap.add_argument("--seconds", type=float, default=None, help="only units starting before S seconds")
-    ap.add_argument("--max-speak-units", type=int, default=None,
+    ap.add_argument("--steps", type=_positive(int), default=None, help="Euler steps (default: the workload's)")
+    ap.add_argument("--seconds", type=_positive(float), default=None, help="only units starting before S seconds")
+    ap.add_argument("--max-speak-units", type=_positive(int), default=None,
                     help=f"only the first N SPEAK units (CPU default {CPU_DEFAULT_SPEAK_UNITS})")
     ap.add_argument("--depth", choices=("released", "reduced"), default="released")
     ap.add_argument("--seed", type=int, default=None, help="weights seed (default: the workload's)")
-    ap.add_argument("--out", default="results", help="results root (default results/)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ap.add_argument("--out", default="results", help="results root for a new run folder (default results/)")
+    ap.add_argument("--run-dir", default=None, help="the run folder (default <out>/<date>-<device>-reproduce)")
+    ap.add_argument("--resume", action="store_true", help="continue --run-dir: keep done stages")
+    ap.add_argument("--budget-s", type=_positive(float), default=None, help="wall-clock budget of this sitting")
+    ap.add_argument("--stage-budget-s", type=_positive(float), default=None,
+                    help="every stage's budget (default: suite.stages.BUDGET_S by harness and device)")
+    ap.add_argument("--compare", action="append", default=None, metavar="REF",
+                    help="a reference run folder to compare ratios with (repeatable), e.g. "
+                         "results/2026-11-30-h200-minicpmo45")
+    ap.add_argument("--list", action="store_true", help="print the stages and their state, run nothing")
+    ap.add_argument("--no-progress", action="store_true", help="(kept for compatibility; stages log to files)")
     return ap.parse_args(argv)
 
 
@@ -53,56 +95,122 @@ def tolerated(codes: list[str], limited: bool) -> bool:
     return limited and all(c == "few_units" for c in codes)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def _names(arg: str | None, device: str) -> list[str]:
+    import workloads
+
+    if arg is None:
+        return workloads.names() if device.startswith("cuda") else [workloads.DEFAULT]
+    if arg == "all":
+        return workloads.names()
+    names = [n.strip() for n in arg.split(",") if n.strip()]
+    unknown = [n for n in names if n not in workloads.names()]
+    if unknown:
+        raise ValueError(f"--workload {','.join(unknown)}: unknown workload; expected 'all' or some of "
+                         f"{workloads.names()}")
+    return names
+
+
+def _device_slug(device: str) -> str:
+    """'cpu', or the GPU's short name from nvidia-smi (no CUDA context in this process), else 'cuda'."""
+    from suite import env
+
+    if device == "cpu":
+        return "cpu"
+    index = int(device.split(":")[1]) if ":" in device else 0
+    name = env.nvidia_smi(index).get("gpu_name_smi")
+    return env.device_short_name({"gpu_name": name}) if name else "cuda"
+
+
+def _run_dir(args, device: str) -> Path:
+    if args.run_dir:
+        return Path(args.run_dir)
+    base = f"{_dt.datetime.now(_dt.timezone.utc).date().isoformat()}-{_device_slug(device)}-reproduce"
+    folder, k = Path(args.out) / base, 1
+    while (folder / "stages.json").exists():
+        k += 1
+        folder = Path(args.out) / f"{base}-{k}"
+    return folder
+
+
+def main(argv: list[str] | None = None, *, execute=None) -> int:
+    """The CLI. execute: a suite.stages Executor (default: one subprocess per stage; tests pass
+    `stages.inline_executor`)."""
+    from suite import claims, env, stages
+
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
     command = [sys.executable, "-m", "suite.reproduce", *(sys.argv[1:] if argv is None else argv)]
     try:
         device = resolve_device(args.device)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        names = _names(args.workload, device)
+        default_harnesses = list(stages.HARNESSES) if device.startswith("cuda") else ["verify"]
+        all_stages = stages.plan(names, list(stages.HARNESSES), "cuda" if device.startswith("cuda") else "cpu",
+                                 stage_budget_s=args.stage_budget_s)
+        patterns = [p.strip() for p in args.stages.split(",") if p.strip()] if args.stages else None
+        chosen = (stages.select(all_stages, patterns) if patterns else
+                  [s for s in all_stages if s.harness in default_harnesses])
+        if args.resume and not args.run_dir:
+            raise ValueError("--resume needs --run-dir (the folder to continue)")
+        for ref in args.compare or []:
+            claims.load_reference(ref)          # fail now, not after an hour of stages
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
-    import workloads
-    from suite import report, runner
 
-    names = ([n for n in workloads.names() if workloads.get(n).architecture in GPU_ALL]
-             if args.workload == "all" else [args.workload])
-    status = 0
-    for name in names:
-        status = max(status, run_one(workloads.get(name), device, args, command, runner, report))
-    return status
-
-
-#: What `--workload all` runs: every workload whose adapter has a cadence mode (stepaudio2_mini's variant
-#: is not built yet: issue 4).
-GPU_ALL = ("flow_hift", "mimi", "code2wav")
-
-
-def run_one(workload, device, args, command, runner, report) -> int:
-    if workload.spec.get("variant") == "stepaudio2":
-        print(f"{workload.name}: the Step-Audio 2 variant (original HiFT, untrimmed conformer cache) is not "
-              f"implemented yet; skipped", file=sys.stderr)
-        return 0
-    max_units, limited = args.max_speak_units, args.max_speak_units is not None or args.seconds is not None
+    limited = args.max_speak_units is not None or args.seconds is not None
+    max_units, notes = args.max_speak_units, []
     if device == "cpu" and not limited:
         max_units, limited = CPU_DEFAULT_SPEAK_UNITS, True
+        notes = [f"CPU default: a short run of the first {max_units} SPEAK units over >= 2 turns "
+                 f"(suite.reproduce); too few units for statistics, a check of the pipeline and of "
+                 f"bit-exactness only"]
         print(f"CPU: short run of the first {max_units} SPEAK units (over >= 2 turns); "
               f"pass --max-speak-units / --seconds to change it")
-    result = runner.verify(workload, device, depth=args.depth, seconds=args.seconds,
-                           max_speak_units=max_units, steps=args.steps, seed=args.seed,
-                           progress=not args.no_progress, command=command)
-    if device == "cpu" and args.max_speak_units is None and args.seconds is None:
-        result.notes.append(f"CPU default: a short run of the first {max_units} SPEAK units over >= 2 turns "
-                            f"(suite.reproduce); too few units for statistics, a check of the pipeline and of "
-                            f"bit-exactness only")
-    folder = report.write_results(result, args.out)
-    print(f"results: {folder}/run.json, {folder}/REPORT.md, "
-          + ", ".join(f"{folder}/audio_{m}.wav" for m in result.modes))
-    if result.mismatches:
-        print(f"FAIL: {len(result.mismatches)} unit(s) differ: {result.mismatches}", file=sys.stderr)
+    options = {"device": device, "steps": args.steps, "seconds": args.seconds, "max_speak_units": max_units,
+               "depth": args.depth, "seed": args.seed, "notes": notes}
+    run_dir = _run_dir(args, device)
+    try:
+        state = stages.State.open(run_dir, options, resume=args.resume)
+    except (stages.StateError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.compare is not None:
+        state.data["compare"] = list(args.compare)
+    if args.list:
+        for s in chosen:
+            st = state.stages.get(s.name)
+            print(f"{s.name:32s} {(st.status if st else 'new'):8s} budget {s.budget_s:5.0f} s  "
+                  f"{s.skip or (st.reason if st else '')}")
+        return 0
+
+    prov = env.provenance(command, device="cpu")    # git and versions; the device facts are in each stage
+    run = stages.run_plan(chosen, state, {**options, "command": command}, budget_s=args.budget_s,
+                          execute=execute or stages.subprocess_executor, provenance=prov)
+    report = claims.write(run_dir)
+    print(f"results: {run_dir}/stages.json, {report}")
+    return _status(state, chosen, run, limited)
+
+
+def _status(state, chosen, sitting, limited: bool) -> int:
+    bad = []
+    for s in chosen:
+        st = state.stages[s.name]
+        if st.status == "failed":
+            bad.append(f"{s.name}: failed: {st.reason}")
+        elif st.status == "done" and st.verdict == "INVALID":
+            if st.mismatched_units:
+                bad.append(f"{s.name}: {len(st.mismatched_units)} unit(s) differ: {st.mismatched_units}")
+            elif not tolerated(st.invalid_codes, limited):
+                bad.append(f"{s.name}: verdict INVALID: {st.invalid_codes}")
+    for line in bad:
+        print(f"FAIL: {line}", file=sys.stderr)
+    if bad:
         return 1
-    if result.verdict == "INVALID" and not tolerated(result.invalid_codes, limited):
-        print("FAIL: verdict INVALID: " + "; ".join(result.invalid_reasons), file=sys.stderr)
-        return 1
+    if any(state.stages[s.name].status == "pending" for s in chosen):
+        print(f"incomplete: {sitting['stopped']}", file=sys.stderr)
+        return EXIT_PENDING
     return 0
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from suite import report, reproduce, runner
+from suite import report, reproduce, runner, stages
 from test_suite_runner import (SAMPLES_PER_TOKEN, clean_tree, fake_adapter, fake_wave,  # noqa: F401
                                to_pcm16, workload)
 
@@ -103,7 +103,7 @@ def test_rebuild_names_missing_run_json(tmp_path):
         report.rebuild(tmp_path)
 
 
-# --- reproduce -------------------------------------------------------------------------------
+# --- reproduce (staged: suite.stages; stages run inline so the fake adapter is seen) ---------------
 @pytest.fixture
 def fake_workloads(monkeypatch, fake_adapter):  # noqa: F811
     registry = {"fake": workload(turns=3, speak_per_turn=5), "fake_off": workload(turns=3, speak_per_turn=5)}
@@ -111,24 +111,37 @@ def fake_workloads(monkeypatch, fake_adapter):  # noqa: F811
     registry["fake_off"].spec["cadence_off_units"] = [off]
     mod = types.ModuleType("workloads")
     mod.get = registry.__getitem__
+    mod.names = lambda: list(registry)
+    mod.DEFAULT = "fake"
     monkeypatch.setitem(sys.modules, "workloads", mod)
     return registry
 
 
+def _reproduce(args, tmp_path):
+    return reproduce.main([*args, "--device", "cpu", "--run-dir", str(tmp_path / "run")],
+                          execute=stages.inline_executor)
+
+
 def test_reproduce_cpu_default_short_run_passes(fake_workloads, clean_tree, tmp_path, capsys):  # noqa: F811
-    rc = reproduce.main(["--workload", "fake", "--device", "cpu", "--out", str(tmp_path), "--no-progress"])
-    rec = json.loads(next(tmp_path.glob("*/run.json")).read_text())
+    rc = reproduce.main(["--device", "cpu", "--out", str(tmp_path)], execute=stages.inline_executor)
+    (folder,) = tmp_path.glob("*-cpu-reproduce")
+    state = json.loads((folder / "stages.json").read_text())
+    assert list(state["stages"]) == ["fake.verify"]           # CPU default: the default workload, verify only
+    rec = json.loads((folder / "fake.verify" / "run.json").read_text())
     assert rc == 0
     assert rec["parameters"]["max_speak_units"] == reproduce.CPU_DEFAULT_SPEAK_UNITS
     assert rec["verdict"] == "INVALID" and set(rec["invalid_codes"]) == {"few_units"}
     assert any(n.startswith(f"CPU default: a short run of the first {reproduce.CPU_DEFAULT_SPEAK_UNITS} SPEAK units")
                for n in rec["notes"])
     assert "results:" in capsys.readouterr().out
+    assert "## Speedup" in (folder / "REPORT.md").read_text()
 
 
 def test_reproduce_fails_on_a_differing_unit(fake_workloads, clean_tree, tmp_path):  # noqa: F811
-    rc = reproduce.main(["--workload", "fake_off", "--device", "cpu", "--out", str(tmp_path), "--no-progress"])
-    assert rc == 1
+    assert _reproduce(["--workload", "fake_off"], tmp_path) == 1
+    state = json.loads((tmp_path / "run" / "stages.json").read_text())
+    assert state["stages"]["fake_off.verify"]["status"] == "done"          # it ran; its bytes differ
+    assert state["stages"]["fake_off.verify"]["mismatched_units"]
 
 
 def test_reproduce_fails_on_dirty_tree(fake_workloads, monkeypatch, tmp_path):
@@ -136,11 +149,23 @@ def test_reproduce_fails_on_dirty_tree(fake_workloads, monkeypatch, tmp_path):
     real = env.provenance
     monkeypatch.setattr(env, "provenance", lambda command=None, *, device="cpu": {
         **real(command, device=device), "git_dirty": True, "git_status": [" M impl/x.py"]})
-    rc = reproduce.main(["--workload", "fake", "--device", "cpu", "--out", str(tmp_path), "--no-progress"])
-    assert rc == 1
+    assert _reproduce(["--workload", "fake"], tmp_path) == 1
 
 
 def test_reproduce_rejects_cuda_without_cuda(monkeypatch):
     monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: False)
     assert reproduce.main(["--device", "cuda"]) == 2
     assert reproduce.resolve_device("auto") == "cpu"
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["--workload", "nosuch"], "--workload nosuch: unknown workload", id="workload"),
+    pytest.param(["--stages", "nosuch.*"], "no stage matches", id="stages"),
+    pytest.param(["--budget-s", "-5"], "expected a positive float", id="budget"),
+    pytest.param(["--device", "tpu"], "expected auto, cpu, cuda or cuda:N", id="device"),
+    pytest.param(["--resume"], "--resume needs --run-dir", id="resume-without-dir"),
+    pytest.param(["--compare", "/nonexistent"], "neither stages.json nor run.json", id="compare"),
+])
+def test_reproduce_bad_input_is_a_clear_error(fake_workloads, args, message, capsys):
+    assert reproduce.main(args) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,489 @@
+"""The one REPORT.md of a staged reproduction: a table per claim, plots, provenance, comparison.
+
+`write(run_dir)` reads `<run dir>/stages.json` and every stage's output (suite.stages) and writes
+`<run dir>/REPORT.md` plus `speedup.png`, `memory.png`, `tail_per_unit.png` (matplotlib; left out, with
+a note, where it is missing). It runs again after every stage (and from `python -m suite.report
+<run dir>`), so an unfinished reproduction has a report of what is done so far.
+
+Claims, each beside the published figure (`report.PUBLISHED`, one H200, MiniCPM-o 4.5) and the stock
+baseline of the same run: speedup (stock / cadence tail time, p50 with a p10-p90 band), peak memory
+over idle (one process per mode when the memory stages ran; else verify's one-process figures, labelled),
+per-session increment, SPEAK time vs the 1 s cadence and sessions per GPU (the duplex harness; tail-only
+figures from verify meanwhile, labelled), bitwise equality. Times in ms, memory in MiB.
+
+Noise: the band of a speedup is [stock p10 / cadence p90, stock p90 / cadence p10] over the measured
+units of one run. `--compare REF` puts a reference run's ratios beside ours and says whether ours lies in
+the reference's band ("within the noise the reference reports").
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from suite.report import DASH, PUBLISHED, _f, _table
+
+FLOW_HIFT = "flow_hift"        # the architecture the published figures were measured on (MiniCPM-o 4.5)
+PLOTS = ("speedup.png", "memory.png", "tail_per_unit.png")
+
+
+# --- reading -------------------------------------------------------------------------------------
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load(run_dir: str | Path) -> dict:
+    """{"state": stages.json, "workloads": {name: {harness: {"state", "record", "duplex"}}}}.
+    Raises FileNotFoundError naming the missing stages.json."""
+    run_dir = Path(run_dir)
+    state = _json(run_dir / "stages.json")
+    if state is None:
+        raise FileNotFoundError(f"{run_dir}/stages.json: missing or unreadable (a folder written by "
+                                f"python -m suite.reproduce)")
+    out: dict = {}
+    for name, st in state.get("stages", {}).items():
+        folder = run_dir / (st.get("dir") or name)
+        entry = {"state": st, "record": None, "duplex": None}
+        if st.get("status") == "done":
+            entry["record"] = _json(folder / "run.json")
+            if st["harness"] == "duplex":
+                entry["duplex"] = _duplex_figures(folder)
+        out.setdefault(st["workload"], {})[st["harness"]] = entry
+    return {"state": state, "workloads": out, "run_dir": run_dir}
+
+
+def _duplex_figures(folder: Path) -> dict | None:
+    """The first JSON in the duplex stage folder with a `modes` dict of stock / cadence figures."""
+    for path in sorted(folder.rglob("*.json")):
+        data = _json(path)
+        if isinstance(data, dict) and isinstance(data.get("modes"), dict):
+            return {"file": str(path.relative_to(folder)), **data}
+    return None
+
+
+def load_reference(path: str | Path) -> dict[str, dict]:
+    """Workload name -> verify-style run record, from a staged run folder (its `<w>.verify` stages) or a
+    single-run folder (run.json, e.g. results/2026-11-30-h200-minicpmo45). Raises FileNotFoundError."""
+    path = Path(path)
+    if (path / "stages.json").is_file():
+        data = load(path)
+        return {w: h["verify"]["record"] for w, h in data["workloads"].items()
+                if h.get("verify", {}).get("record")}
+    rec = _json(path / "run.json")
+    if rec is None:
+        raise FileNotFoundError(f"--compare {path}: neither stages.json nor run.json there")
+    return {rec["workload"]["name"]: rec}
+
+
+# --- figures from records ------------------------------------------------------------------------
+def measured_tails(record: dict | None, mode: str) -> np.ndarray:
+    """Tail ms of the measured SPEAK units of one mode of a record ([] if absent)."""
+    if not record or mode not in record.get("modes", {}):
+        return np.zeros(0)
+    return np.array([u["tail_ms"] for u in record["modes"][mode]["units"]
+                     if u.get("measured") and u.get("tail_ms") is not None], dtype=np.float64)
+
+
+def spread(tails: np.ndarray) -> tuple[float, float, float] | None:
+    """(p10, p50, p90) of tail times; None if empty."""
+    if tails.size == 0:
+        return None
+    p10, p50, p90 = np.percentile(tails, [10, 50, 90])
+    return float(p10), float(p50), float(p90)
+
+
+def speedup(record: dict | None) -> dict | None:
+    """{x, lo, hi, stock, cadence}: stock p50 / cadence p50 and its p10-p90 band; None without both."""
+    s, c = spread(measured_tails(record, "stock")), spread(measured_tails(record, "cadence"))
+    if s is None or c is None:
+        return None
+    return {"x": s[1] / c[1], "lo": s[0] / c[2], "hi": s[2] / c[0], "stock": s, "cadence": c,
+            "units": int(measured_tails(record, "cadence").size)}
+
+
+def memory_figures(entries: dict) -> dict:
+    """Per mode {peak, session, how}: from the one-process-per-mode memory stages where done, else from
+    the verify record (one process for both modes; the runner subtracts what the first mode left)."""
+    from suite.memory import headline
+
+    out = {}
+    for mode in ("stock", "cadence"):
+        rec = entries.get(f"memory_{mode}", {}).get("record")
+        how = "one process per mode"
+        if not rec or mode not in rec.get("modes", {}):
+            rec, how = entries.get("verify", {}).get("record"), "one process, both modes (verify)"
+        if not rec or mode not in rec.get("modes", {}):
+            continue
+        mem = rec["modes"][mode]["memory"]
+        key, peak = headline(mem)
+        session = mem.get("session_driver_mib", mem.get("session_rss_mib"))
+        level = "driver" if "driver" in key else "RSS" if "rss" in key else key
+        src = mem.get("driver_source")
+        out[mode] = {"peak": peak, "session": session, "how": f"{how}; {level}" + (f" ({src})" if src else "")}
+    return out
+
+
+def _pct(new, old):
+    return None if new is None or not old else 100.0 * (new - old) / old
+
+
+def _paper(wl_entries: dict, text: str) -> str:
+    rec = _any_record(wl_entries)
+    arch = (rec or {}).get("workload", {}).get("architecture")
+    return text if arch == FLOW_HIFT else f"{DASH} (published for MiniCPM-o only)"
+
+
+def _any_record(entries: dict) -> dict | None:
+    for e in entries.values():
+        if e.get("record"):
+            return e["record"]
+    return None
+
+
+def _status(entries: dict, harness: str) -> str:
+    e = entries.get(harness)
+    if e is None:
+        return "not in this run"
+    st = e["state"]
+    return st["status"] + (f": {st['reason']}" if st.get("reason") and st["status"] != "done" else "")
+
+
+# --- the claim tables ----------------------------------------------------------------------------
+def speedup_table(data: dict) -> str:
+    rows = []
+    for w, e in data["workloads"].items():
+        rec = e.get("verify", {}).get("record")
+        sp = speedup(rec)
+        steps = (rec or {}).get("parameters", {}).get("euler_steps")
+        if sp is None:
+            rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"), DASH, DASH,
+                         f"not measured ({_status(e, 'verify')})", DASH])
+            continue
+        s, c = sp["stock"], sp["cadence"]
+        rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"),
+                     f"{s[1]:.1f} [{s[0]:.1f}-{s[2]:.1f}]", f"{c[1]:.1f} [{c[0]:.1f}-{c[2]:.1f}]",
+                     f"{sp['x']:.2f}x [{sp['lo']:.2f}-{sp['hi']:.2f}]", str(sp["units"])])
+    return _table(rows, ["workload", "Euler steps", "paper", "stock tail ms p50 [p10-p90]",
+                         "cadence tail ms p50 [p10-p90]", "ours: speedup p50 [band]", "units measured"])
+
+
+def memory_table(data: dict) -> str:
+    rows = []
+    for w, e in data["workloads"].items():
+        m = memory_figures(e)
+        s, c = m.get("stock", {}), m.get("cadence", {})
+        change = _pct(c.get("peak"), s.get("peak"))
+        rows.append([w, _paper(e, f"{PUBLISHED['peak_memory_change_pct']:+.1f}%"), _f(s.get("peak")),
+                     _f(c.get("peak")), DASH if change is None else f"{change:+.1f}%",
+                     "; ".join(sorted({x["how"] for x in m.values()})) or
+                     f"not measured ({_status(e, 'memory_stock')})"])
+    return _table(rows, ["workload", "paper", "stock peak over idle MiB", "cadence peak over idle MiB",
+                         "ours: change", "measured as"])
+
+
+def session_table(data: dict) -> str:
+    rows = []
+    for w, e in data["workloads"].items():
+        m = memory_figures(e)
+        s, c = m.get("stock", {}).get("session"), m.get("cadence", {}).get("session")
+        ratio = c / s if s and c is not None else None
+        rows.append([w, DASH, "cadence <= 1/2 stock", _f(s), _f(c),
+                     DASH if ratio is None else f"{ratio:.2f} of stock ({'met' if ratio <= 0.5 else 'missed'})",
+                     "; ".join(sorted({x["how"] for x in m.values()})) or "not measured"])
+    return _table(rows, ["workload", "paper", "target (issue 3)", "stock MiB", "cadence MiB", "ours",
+                         "measured as (peak with one session - model loaded, no session)"])
+
+
+def _duplex(e: dict) -> dict | None:
+    return (e.get("duplex") or {}).get("duplex")
+
+
+def speak_table(data: dict) -> str:
+    paper = f"{PUBLISHED['speak_vs_period_pct_stock']:+.0f}% -> {PUBLISHED['speak_vs_period_pct_cadence']:+.0f}%"
+    rows = []
+    for w, e in data["workloads"].items():
+        d = _duplex(e)
+        if d:
+            s, c = d["modes"].get("stock", {}), d["modes"].get("cadence", {})
+            rows.append([w, _paper(e, paper), f"{_f(s.get('speak_vs_period_pct_mean'), '+.1f')}%",
+                         f"{_f(c.get('speak_vs_period_pct_mean'), '+.1f')}%",
+                         f"{_f(s.get('speak_vs_period_pct_p99'), '+.1f')}% / {_f(c.get('speak_vs_period_pct_p99'), '+.1f')}%",
+                         f"{_f(s.get('miss_rate'), '.3f')} / {_f(c.get('miss_rate'), '.3f')}",
+                         f"duplex ({d['file']})"])
+            continue
+        rec = e.get("verify", {}).get("record")
+        ms = (rec or {}).get("modes", {})
+        s = ms.get("stock", {}).get("metrics", {}).get("tail_vs_period_pct_p50")
+        c = ms.get("cadence", {}).get("metrics", {}).get("tail_vs_period_pct_p50")
+        rows.append([w, _paper(e, paper), f"{_f(s, '+.1f')}%", f"{_f(c, '+.1f')}%", DASH, DASH,
+                     f"tail only, p50, no AR stage (verify); duplex: {_status(e, 'duplex')}"])
+    return _table(rows, ["workload", "paper (mean SPEAK vs 1 s)", "ours stock", "ours cadence",
+                         "p99 stock / cadence", "miss rate stock / cadence", "source"])
+
+
+def sessions_table(data: dict) -> str:
+    rows = []
+    for w, e in data["workloads"].items():
+        d = _duplex(e)
+        s = c = None
+        if d:
+            s = d["modes"].get("stock", {}).get("max_sessions_zero_miss")
+            c = d["modes"].get("cadence", {}).get("max_sessions_zero_miss")
+        ratio = f"{c / s:.1f}x" if s and c is not None else DASH
+        rows.append([w, _paper(e, "more per GPU (no figure)"), ">= 24 and >= 4x stock (10 steps, tail only)",
+                     _f(s), _f(c), ratio, f"duplex ({d['file']})" if d else f"not measured ({_status(e, 'duplex')})"])
+    return _table(rows, ["workload", "paper", "target (issue 7)", "stock sessions (0 misses, 60 s)",
+                         "cadence sessions", "ours: ratio", "source"])
+
+
+def bitwise_table(data: dict) -> str:
+    rows = []
+    for w, e in data["workloads"].items():
+        rec = e.get("verify", {}).get("record")
+        comp = (rec or {}).get("comparison")
+        if not comp:
+            rows.append([w, "every unit", DASH, DASH, DASH, f"not compared ({_status(e, 'verify')})"])
+            continue
+        n, bad = comp["units_compared"], comp["mismatched_units"]
+        rows.append([w, "every unit", str(n), str(n - len(bad)), str(bad) if bad else "none", rec["verdict"]])
+    return _table(rows, ["workload", "paper", "units compared", "byte-identical (f32 and int16)",
+                         "differing units", "stage verdict"])
+
+
+# --- comparison with a reference run -------------------------------------------------------------
+def compare_table(data: dict, refs: dict[str, dict]) -> str:
+    """Speedup and peak-memory change of ours vs a reference record per workload found in both."""
+    from suite.memory import headline
+
+    rows = []
+    for w, e in data["workloads"].items():
+        ref = refs.get(w)
+        if ref is None:
+            continue
+        ours, theirs = speedup(e.get("verify", {}).get("record")), speedup(ref)
+        if ours and theirs:
+            inside = theirs["lo"] <= ours["x"] <= theirs["hi"]
+            verdict = "within the reference's noise" if inside else "OUTSIDE the reference's noise"
+            sp = (f"{ours['x']:.2f}x [{ours['lo']:.2f}-{ours['hi']:.2f}] vs {theirs['x']:.2f}x "
+                  f"[{theirs['lo']:.2f}-{theirs['hi']:.2f}]: {verdict}")
+        else:
+            sp = "not comparable (a side without both modes measured)"
+        m = memory_figures(e)
+        ref_mem = {k: headline(v["memory"])[1] for k, v in ref.get("modes", {}).items()}
+        ours_pct = _pct(m.get("cadence", {}).get("peak"), m.get("stock", {}).get("peak"))
+        ref_pct = _pct(ref_mem.get("cadence"), ref_mem.get("stock"))
+        mem = (DASH if ours_pct is None or ref_pct is None else
+               f"{ours_pct:+.1f}% vs {ref_pct:+.1f}% ({ours_pct - ref_pct:+.1f} points; one sample per run, "
+               f"no spread)")
+        rows.append([w, ref.get("run_id", DASH), sp, mem])
+    if not rows:
+        return "No workload of this run is in the reference run(s)."
+    return _table(rows, ["workload", "reference run", "speedup: ours [band] vs reference [band]",
+                         "peak memory change: ours vs reference"])
+
+
+# --- GPU coverage and provenance -----------------------------------------------------------------
+def _records(data: dict) -> list[dict]:
+    return [h["record"] for e in data["workloads"].values() for h in e.values() if h.get("record")]
+
+
+def gpu_coverage(data: dict, results_root: Path | None = None) -> str:
+    """Which impl/ tree the latest GPU verification (a CUDA verify record here or under results_root)
+    covers, and whether it is HEAD's (`git rev-parse HEAD:impl`, where git is available)."""
+    from suite import env
+
+    cands = [(r, "this run") for r in _records(data) if r.get("comparison") is not None]
+    if results_root is not None and results_root.is_dir():
+        for p in sorted(results_root.glob("*/run.json")) + sorted(results_root.glob("*/*/run.json")):
+            rec = _json(p)
+            if rec and rec.get("comparison") is not None:
+                cands.append((rec, str(p.parent)))
+    cuda = [(r, src) for r, src in cands if str(r.get("device", "")).startswith("cuda")]
+    head = env._git("rev-parse", "HEAD:impl")
+    if not cuda:
+        return "No GPU verification in this run or under results/."
+    rec, src = max(cuda, key=lambda rs: str(rs[0]["provenance"].get("date_utc")))
+    tree = str(rec["provenance"].get("impl_tree"))
+    if head is None:
+        same = "HEAD is unknown here (no git)"
+    elif tree != "NA" and (head.startswith(tree) or tree.startswith(head)):
+        same = f"it is HEAD's impl/ tree ({head[:12]})"
+    else:
+        same = f"it is NOT HEAD's impl/ tree (HEAD: {head[:12]}); rerun the GPU stages to cover HEAD"
+    return (f"Latest GPU verification: `{rec.get('run_id', src)}` ({src}), {rec['provenance'].get('date_utc')}, "
+            f"{rec['workload']['name']}, commit {str(rec['provenance'].get('git_rev'))[:12]}, impl/ tree "
+            f"{tree[:12]}: {same}.")
+
+
+def provenance_table(data: dict) -> str:
+    recs = _records(data)
+    state = data["state"]
+
+    def distinct(fn) -> str:
+        vals = []
+        for r in recs:
+            try:
+                v = fn(r)
+            except (KeyError, TypeError):
+                continue
+            if v not in vals:
+                vals.append(v)
+        return "; ".join(str(v) for v in vals) or DASH
+
+    dev = lambda r: r["provenance"]["device"]  # noqa: E731
+    rows = [
+        ["GPU", distinct(lambda r: dev(r).get("gpu_name") or f"CPU: {dev(r).get('cpu_model')}")],
+        ["driver", distinct(lambda r: dev(r).get("driver") or DASH)],
+        ["torch / CUDA / cuDNN", distinct(lambda r: f"{r['provenance']['torch']} / {r['provenance']['cuda']} / "
+                                                    f"{r['provenance']['cudnn']}")],
+        ["packages", distinct(lambda r: ", ".join(f"{k}=={v}" for k, v in r["provenance"]["packages"].items()))],
+        ["commit (per stage record)", distinct(lambda r: str(r["provenance"]["git_rev"])[:12]
+                                               + (" (dirty)" if r["provenance"].get("git_dirty") else ""))],
+        ["impl/ tree (per stage record)", distinct(lambda r: str(r["provenance"]["impl_tree"])[:12])],
+        ["seeds", distinct(lambda r: json.dumps(r.get("seeds"), sort_keys=True))],
+        ["env", distinct(lambda r: json.dumps(r["provenance"].get("env"), sort_keys=True))],
+        ["stage records dated (UTC)", distinct(lambda r: r["provenance"]["date_utc"])],
+    ]
+    for i, s in enumerate(state.get("sittings", []), 1):
+        rows.append([f"sitting {i} command", " ".join(s.get("command") or [])])
+        rows.append([f"sitting {i}", f"{s.get('started_utc')} -> {s.get('ended_utc', 'unfinished')}, budget "
+                     f"{_f(s.get('budget_s'))} s, git {str(s.get('git_rev'))[:12]}, impl/ tree "
+                     f"{str(s.get('impl_tree'))[:12]}; ran {len(s.get('ran', []))}, kept {len(s.get('kept', []))}"
+                     + (f"; stopped: {s['stopped']}" if s.get("stopped") else "")])
+    trees = {str(r["provenance"].get("impl_tree")) for r in recs}
+    if len(trees) > 1:
+        rows.append(["WARNING", f"stage records come from {len(trees)} impl/ trees: {sorted(trees)}; ratios "
+                                f"mix code versions"])
+    return _table(rows, ["", ""])
+
+
+def stages_table(data: dict) -> str:
+    rows = []
+    for name, st in data["state"].get("stages", {}).items():
+        rows.append([name, st["status"], _f(st.get("seconds")), _f(st.get("budget_s"), ".0f"),
+                     str(st.get("attempts", 0)), st.get("verdict") or DASH,
+                     ", ".join(dict.fromkeys(st.get("invalid_codes") or [])) or DASH, st.get("reason") or ""])
+    return _table(rows, ["stage", "status", "seconds", "budget s", "attempts", "verdict", "invalid codes",
+                         "reason"])
+
+
+# --- plots -----------------------------------------------------------------------------------------
+def plots(data: dict, run_dir: Path) -> list[str]:
+    """Write the PNGs; returns the file names written ([] without matplotlib or without figures)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    names = [w for w, e in data["workloads"].items() if speedup(e.get("verify", {}).get("record"))]
+    if names:
+        fig, ax = plt.subplots(figsize=(1.6 * len(names) + 3, 3.5))
+        x = np.arange(len(names))
+        for k, mode in enumerate(("stock", "cadence")):
+            sp = [spread(measured_tails(data["workloads"][w]["verify"]["record"], mode)) for w in names]
+            mid = np.array([s[1] for s in sp])
+            err = np.array([[s[1] - s[0] for s in sp], [s[2] - s[1] for s in sp]])
+            ax.bar(x + (k - 0.5) * 0.38, mid, 0.38, yerr=err, capsize=3, label=mode)
+        ax.set_xticks(x, names)
+        ax.set_ylabel("tail ms per SPEAK unit (p50, p10-p90)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / "speedup.png", dpi=110)
+        plt.close(fig)
+        written.append("speedup.png")
+        fig, axes = plt.subplots(len(names), 1, figsize=(8, 2.2 * len(names)), squeeze=False)
+        for ax, w in zip(axes[:, 0], names):
+            rec = data["workloads"][w]["verify"]["record"]
+            for mode in ("stock", "cadence"):
+                us = [u for u in rec["modes"][mode]["units"] if u.get("tail_ms") is not None]
+                ax.plot([u["index"] for u in us], [u["tail_ms"] for u in us], ".-", label=mode)
+            ax.axhline(1000.0, color="k", lw=0.8, ls="--", label="1 s cadence")
+            ax.set_title(w, fontsize=9)
+            ax.set_ylabel("tail ms")
+        axes[0, 0].legend(fontsize=8)
+        axes[-1, 0].set_xlabel("unit index")
+        fig.tight_layout()
+        fig.savefig(run_dir / "tail_per_unit.png", dpi=110)
+        plt.close(fig)
+        written.append("tail_per_unit.png")
+    mem = {w: memory_figures(e) for w, e in data["workloads"].items()}
+    mem = {w: m for w, m in mem.items() if "stock" in m and "cadence" in m}
+    if mem:
+        fig, axes = plt.subplots(1, 2, figsize=(2.4 * len(mem) + 4, 3.5))
+        x = np.arange(len(mem))
+        for ax, key, label in zip(axes, ("peak", "session"), ("peak over idle MiB", "per-session MiB")):
+            for k, mode in enumerate(("stock", "cadence")):
+                ax.bar(x + (k - 0.5) * 0.38, [m[mode][key] or 0 for m in mem.values()], 0.38, label=mode)
+            ax.set_xticks(x, list(mem))
+            ax.set_ylabel(label)
+        axes[0].legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / "memory.png", dpi=110)
+        plt.close(fig)
+        written.append("memory.png")
+    return written
+
+
+# --- the report ------------------------------------------------------------------------------------
+def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] | None = None,
+           results_root: Path | None = None) -> str:
+    """REPORT.md text of a loaded staged run (`load`); refs: workload -> reference record."""
+    state = data["state"]
+    counts = {s: 0 for s in ("done", "failed", "skipped", "pending")}
+    for st in state.get("stages", {}).values():
+        counts[st["status"]] = counts.get(st["status"], 0) + 1
+    complete = counts["failed"] == 0 and counts["pending"] == 0
+    opts = state.get("options", {})
+    parts = [f"# DuplexCadence reproduction {data['run_dir'].name}", "",
+             f"**{'Complete' if complete else 'Incomplete'}**: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+             + ("" if complete else "; rerun the same command with `--resume` to run the failed and pending "
+                                     "stages (done stages are kept)."), "",
+             gpu_coverage(data, results_root), "",
+             "Published figures: one H200, released MiniCPM-o 4.5 weights, whole SPEAK unit. Ours: seeded "
+             "random weights, the token-to-audio tail unless a row says otherwise, on the device below. "
+             "Compare ratios, not absolute times. Bands are p10-p90 over the measured units of one run.", "",
+             "## Speedup (stock / cadence tail time per SPEAK unit)", "", speedup_table(data), "",
+             "## Peak memory (over the idle baseline)", "", memory_table(data), "",
+             "## Per-session increment", "", session_table(data), "",
+             "## SPEAK time against the 1 s cadence", "", speak_table(data), "",
+             "## Sessions per GPU", "", sessions_table(data), "",
+             "## Bitwise equality (per unit sha256, stock vs cadence)", "", bitwise_table(data), ""]
+    if written:
+        parts += ["## Plots", ""] + [f"![{p}]({p})" for p in written] + [""]
+    else:
+        parts += ["## Plots", "", "None: no stage with both modes measured yet, or matplotlib missing.", ""]
+    if refs:
+        parts += ["## Against the reference run", "",
+                  "Ours is within the reference's noise when our p50 speedup lies in the reference's p10-p90 "
+                  "band. The reference's memory may come from one process for both modes (its runner subtracts "
+                  "what the first mode left); ours from one process per mode where the memory stages ran.", "",
+                  compare_table(data, refs), ""]
+    parts += ["## Stages", "", stages_table(data), "",
+              "Each stage's own REPORT.md, run.json and log.txt are in its folder (`<stage>/`).", "",
+              "## Provenance", "", provenance_table(data), "",
+              "## Parameters used", "",
+              _table([[k, DASH if v is None else json.dumps(v) if isinstance(v, (list, dict)) else str(v)]
+                      for k, v in opts.items()], ["option", "value"]), ""]
+    return "\n".join(parts)
+
+
+def write(run_dir: str | Path, compare: list[str] | None = None, results_root: str | Path | None = None) -> Path:
+    """Load the staged run, draw the plots, write REPORT.md; returns its path. compare: reference run
+    folders (default: those recorded in stages.json). Raises FileNotFoundError (missing stages.json or
+    reference)."""
+    run_dir = Path(run_dir)
+    data = load(run_dir)
+    refs: dict[str, dict] = {}
+    for ref in (compare if compare is not None else data["state"].get("compare", [])):
+        refs.update(load_reference(ref))
+    written = plots(data, run_dir)
+    root = Path(results_root) if results_root is not None else run_dir.parent
+    path = run_dir / "REPORT.md"
+    path.write_text(render(data, refs, written, root))
+    return path

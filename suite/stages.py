@@ -1,0 +1,392 @@
+"""The staged, resumable reproduction: which stages there are, their state on disk, running them in budget.
+
+A **stage** is one harness on one workload, run in a process of its own (`suite.stage_run`, or the
+harness's own module), with a time budget. Stage names are `<workload>.<harness>`:
+
+| harness | what it runs | writes (in `<run dir>/<stage name>/`) |
+|---|---|---|
+| `verify` | `suite.runner.verify`: stock then cadence on one model instance, per-unit sha256 compared (speedup, bitwise equality) | `run.json`, `REPORT.md`, `audio_*.wav` (suite.report) |
+| `memory_stock`, `memory_cadence` | `suite.runner.run_workload` of ONE mode in a fresh process: model built, one session; driver-level peak over the idle baseline (VMM mappings, weights and graph pools all count), per-session increment = peak with one session - the model-loaded sample (suite.memory) | `run.json`, `REPORT.md` |
+| `duplex` | `python -m suite.duplex --workload W --device D --out DIR` (issue 7: SPEAK time against the 1 s cadence, sessions per GPU), when that module exists | whatever JSON the harness writes; `suite.claims` reads `modes.<mode>.{speak_vs_period_pct_mean, speak_vs_period_pct_p99, miss_rate, max_sessions_zero_miss}` |
+
+A stage that cannot run here is **skipped with its reason** (a harness module that is not there yet, a
+workload variant its adapter does not implement, a mode the adapter does not declare); skipped stages are
+checked again on every run. State lives in `<run dir>/stages.json` (`State`): per stage its status
+(`done` | `failed` | `skipped` | `pending`), seconds, attempts, return code, reason, the stage's verdict
+and provenance (command, git rev, impl/ tree); per sitting the command, budget and where it stopped.
+`--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting stops cleanly (state
+saved, remaining stages `pending`) when the next stage's budget no longer fits in what is left of
+`--budget-s`. The first stage of a sitting always starts, with its timeout cut to what is left.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fnmatch
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+SCHEMA = "duplexcadence.stages/1"
+HARNESSES = ("verify", "memory_stock", "memory_cadence", "duplex")
+STATUSES = ("done", "failed", "skipped", "pending")
+#: Per-stage time budget in seconds (the stage's process is killed past it), by device type. These are
+#: upper bounds chosen so that two or three stages fit one sitting of a 10-minute command, not measured
+#: durations: no stage has been timed under this harness on an H200 yet. stages.json records every stage's
+#: seconds; tighten with --stage-budget-s once a sitting has run. CPU: 2 cores, released config, 4 SPEAK
+#: units (the CPU default verify took about 4 minutes on 2 idle cores).
+BUDGET_S = {
+    "cuda": {"verify": 300, "memory_stock": 180, "memory_cadence": 180, "duplex": 420},
+    "cpu": {"verify": 900, "memory_stock": 600, "memory_cadence": 600, "duplex": 900},
+}
+DUPLEX_MODULE = "suite.duplex"          # issue 7's harness; a stage slot until it exists
+LOG_TAIL_LINES = 20
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# --- the plan ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    """One harness on one workload. skip: why it cannot run here (None: it can)."""
+    workload: str
+    harness: str                     # one of HARNESSES
+    budget_s: float                  # wall-clock limit of the stage's process, seconds
+    skip: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload}.{self.harness}"
+
+    @property
+    def mode(self) -> str | None:
+        """The one mode a memory stage runs ("stock" | "cadence"), else None."""
+        return self.harness.split("_", 1)[1] if self.harness.startswith("memory_") else None
+
+
+def harness_present(module: str) -> bool:
+    """True if `module` can be imported (find_spec; nothing is imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def skip_reason(workload, harness: str) -> str | None:
+    """Why `harness` cannot run `workload` here, or None. Imports the workload's adapter module."""
+    from duplexcadence import runtime
+    from suite import runner
+
+    if workload.architecture not in runtime.ADAPTERS:
+        return f"no adapter for architecture {workload.architecture!r} (duplexcadence.runtime.ADAPTERS)"
+    adapter = runtime.adapter(workload.architecture)
+    variant = (workload.spec or {}).get("variant")
+    if variant is not None and variant not in getattr(adapter, "VARIANTS", ()):
+        return (f"adapter {adapter.__name__} does not implement the {variant!r} variant yet "
+                f"(adapter.VARIANTS); running it would run another model's path")
+    if harness in ("verify", "memory_cadence", "duplex") and not runner.supports_cadence(adapter):
+        return f"adapter {adapter.__name__} has no cadence mode"
+    if harness == "duplex" and not harness_present(DUPLEX_MODULE):
+        return f"harness {DUPLEX_MODULE} is not present yet (issue 7: SPEAK vs cadence, sessions per GPU)"
+    return None
+
+
+def plan(workload_names: list[str], harnesses: list[str], device_type: str, *,
+         stage_budget_s: float | None = None) -> list[Stage]:
+    """The stages for these workloads x harnesses, workload-major, each with its budget and skip reason.
+    Raises KeyError for an unknown workload, ValueError for an unknown harness or device type."""
+    import workloads
+
+    bad = [h for h in harnesses if h not in HARNESSES]
+    if bad:
+        raise ValueError(f"harness {bad}: expected some of {list(HARNESSES)}")
+    if device_type not in BUDGET_S:
+        raise ValueError(f"device type {device_type!r}: expected one of {list(BUDGET_S)}")
+    out = []
+    for name in workload_names:
+        wl = workloads.get(name)
+        for h in harnesses:
+            budget = stage_budget_s if stage_budget_s is not None else BUDGET_S[device_type][h]
+            out.append(Stage(name, h, float(budget), skip_reason(wl, h)))
+    return out
+
+
+def select(stages: list[Stage], patterns: list[str] | None) -> list[Stage]:
+    """The stages any pattern names: an fnmatch glob on the stage name (`minicpmo45.*`, `*.memory_*`), or
+    a workload, harness or harness family (`memory`) given alone. None or [] selects all.
+    Raises ValueError naming a pattern that selects nothing."""
+    if not patterns:
+        return list(stages)
+
+    def hit(st: Stage, p: str) -> bool:
+        return (fnmatch.fnmatchcase(st.name, p) or p in (st.workload, st.harness)
+                or st.harness.split("_")[0] == p)
+
+    empty = [p for p in patterns if not any(hit(s, p) for s in stages)]
+    if empty:
+        raise ValueError(f"--stages {empty}: no stage matches; stages are "
+                         f"{[s.name for s in stages]} (globs, workload or harness names)")
+    return [s for s in stages if any(hit(s, p) for p in patterns)]
+
+
+# --- state on disk -------------------------------------------------------------------------------
+@dataclass
+class StageState:
+    """What stages.json holds for one stage. seconds: wall time of the last attempt."""
+    workload: str
+    harness: str
+    status: str = "pending"
+    reason: str = ""
+    seconds: float | None = None
+    attempts: int = 0
+    budget_s: float | None = None
+    timeout_s: float | None = None
+    returncode: int | None = None
+    started_utc: str | None = None
+    ended_utc: str | None = None
+    command: list = field(default_factory=list)
+    dir: str | None = None           # relative to the run dir
+    verdict: str | None = None       # the stage record's VALID / INVALID (done stages with a run.json)
+    invalid_codes: list = field(default_factory=list)
+    mismatched_units: list = field(default_factory=list)
+    git_rev: str | None = None       # of the sitting that ran it
+    impl_tree: str | None = None
+    log_tail: list = field(default_factory=list)
+
+
+class StateError(ValueError):
+    """stages.json cannot be used as asked (wrong schema, other options, an existing state without resume)."""
+
+
+class State:
+    """`<run dir>/stages.json`: options, sittings and per-stage states. `save()` writes atomically."""
+
+    def __init__(self, run_dir: Path, data: dict):
+        self.run_dir = Path(run_dir)
+        self.data = data
+        self.stages: dict[str, StageState] = {k: StageState(**v) for k, v in data.get("stages", {}).items()}
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / "stages.json"
+
+    @classmethod
+    def open(cls, run_dir: Path, options: dict, *, resume: bool) -> "State":
+        """Load run_dir/stages.json (resume) or start a new one (also with resume, when there is none yet,
+        so one command serves every sitting). Raises StateError if a state is there without resume, or if
+        its options differ from `options`."""
+        path = Path(run_dir) / "stages.json"
+        if not path.exists():         # --resume on a new folder starts it: one command for every sitting
+            return cls(run_dir, {"schema": SCHEMA, "created_utc": utc_now(), "options": options,
+                                 "sittings": [], "stages": {}, "compare": []})
+        if not resume:
+            raise StateError(f"{path} exists: pass --resume to continue that reproduction, or another "
+                             f"--run-dir")
+        data = json.loads(path.read_text())
+        if data.get("schema") != SCHEMA:
+            raise StateError(f"{path}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
+        if data.get("options") != options:
+            diff = {k: (data.get("options", {}).get(k), options.get(k))
+                    for k in sorted(set(data.get("options", {})) | set(options))
+                    if data.get("options", {}).get(k) != options.get(k)}
+            raise StateError(f"{path}: started with other options (recorded, given): {diff}; resume with the "
+                             f"same options or use another --run-dir")
+        return cls(run_dir, data)
+
+    def save(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.data["stages"] = {k: asdict(v) for k, v in self.stages.items()}
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+        os.replace(tmp, self.path)
+
+    def get(self, stage: Stage) -> StageState:
+        st = self.stages.get(stage.name)
+        if st is None:
+            st = self.stages[stage.name] = StageState(stage.workload, stage.harness)
+        return st
+
+    def counts(self) -> dict:
+        out = {s: 0 for s in STATUSES}
+        for st in self.stages.values():
+            out[st.status] = out.get(st.status, 0) + 1
+        return out
+
+
+# --- running -------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """What one attempt of a stage came to. status: "done" | "failed" | "skipped"."""
+    status: str
+    returncode: int | None = None
+    reason: str = ""
+    command: list = field(default_factory=list)
+    log_tail: list = field(default_factory=list)
+
+
+#: Runs one stage: (stage, stage dir, timeout s, options) -> Outcome.
+Executor = Callable[[Stage, Path, float, dict], Outcome]
+
+
+def stage_argv(stage: Stage, out_dir: Path, options: dict) -> list[str]:
+    """The module and arguments of a stage's process (after `python -m`).
+    options: device, steps, seconds, max_speak_units, depth, seed, notes (the run's --options)."""
+    if stage.harness == "duplex":
+        argv = [DUPLEX_MODULE, "--workload", stage.workload, "--device", options["device"],
+                "--out", str(out_dir)]
+        return argv
+    argv = ["suite.stage_run", stage.harness if stage.harness == "verify" else "mode",
+            "--workload", stage.workload, "--device", options["device"], "--out", str(out_dir),
+            "--depth", options.get("depth") or "released", "--no-progress"]
+    if stage.mode:
+        argv += ["--mode", stage.mode]
+    for key in ("steps", "seconds", "max_speak_units", "seed"):
+        if options.get(key) is not None:
+            argv += [f"--{key.replace('_', '-')}", str(options[key])]
+    for note in options.get("notes") or []:
+        argv += ["--note", note]
+    return argv
+
+
+def _tail(text: str, n: int = LOG_TAIL_LINES) -> list[str]:
+    return [line[:300] for line in text.splitlines()[-n:]]
+
+
+def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict) -> Outcome:
+    """Run the stage as `python -m <argv>` from the repository root, in its own process group, output to
+    out_dir/log.txt; killed (the whole group) at timeout_s. Exit 0: done; 4: skipped (the mode is not
+    available, stage_run.EXIT_UNAVAILABLE); anything else, or the timeout: failed."""
+    from suite import env
+
+    argv = [sys.executable, "-m", *stage_argv(stage, out_dir, options)]
+    child_env = dict(os.environ)
+    roots = [str(env.REPO_ROOT / "impl"), str(env.REPO_ROOT)]
+    child_env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in child_env.get("PYTHONPATH", "").split(
+        os.pathsep) if p and p not in roots])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir / "log.txt"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(argv, cwd=env.REPO_ROOT, env=child_env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)      # our own child's group, by its id
+            proc.wait()
+            return Outcome("failed", None, f"timed out after {timeout_s:.0f} s (killed); rerun with "
+                           f"--resume and a larger --stage-budget-s", argv, _tail(log.read_text()))
+    tail = _tail(log.read_text())
+    if rc == 0:
+        return Outcome("done", rc, "", argv, tail)
+    from suite.stage_run import EXIT_UNAVAILABLE
+    if rc == EXIT_UNAVAILABLE:
+        return Outcome("skipped", rc, (tail[-1] if tail else "mode not available"), argv, tail)
+    return Outcome("failed", rc, f"exit status {rc}: " + (tail[-1] if tail else "no output"), argv, tail)
+
+
+def inline_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict) -> Outcome:
+    """Run a suite.stage_run stage in this process (tests: fake adapters registered in-process are seen).
+    No timeout is enforced. The duplex stage is not run inline (failed, with the reason)."""
+    from suite import stage_run
+
+    argv = stage_argv(stage, out_dir, options)
+    if argv[0] != "suite.stage_run":
+        return Outcome("failed", None, f"{argv[0]} is not run inline", argv)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        rc = stage_run.main(argv[1:])
+    except Exception as exc:                       # a crash of the stage, recorded like a child's
+        return Outcome("failed", None, f"{type(exc).__name__}: {exc}", argv)
+    if rc == 0:
+        return Outcome("done", rc, "", argv)
+    if rc == stage_run.EXIT_UNAVAILABLE:
+        return Outcome("skipped", rc, "mode not available", argv)
+    return Outcome("failed", rc, f"exit status {rc}", argv)
+
+
+def _read_verdict(out_dir: Path, st: StageState) -> None:
+    path = out_dir / "run.json"
+    st.verdict, st.invalid_codes, st.mismatched_units = None, [], []
+    if path.is_file():
+        rec = json.loads(path.read_text())
+        st.verdict = rec.get("verdict")
+        st.invalid_codes = list(rec.get("invalid_codes", []))
+        st.mismatched_units = list((rec.get("comparison") or {}).get("mismatched_units", []))
+
+
+def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: float | None = None,
+             execute: Executor = subprocess_executor, clock: Callable[[], float] = time.monotonic,
+             provenance: dict | None = None, log: Callable[[str], None] = print) -> dict:
+    """Run the stages in order within budget_s seconds (None: no total budget), saving state after each.
+
+    Kept: `done` stages. Recorded without running: `skipped` (Stage.skip). Stopped: when a stage's budget
+    exceeds what is left and it is not the sitting's first stage to run; it and all after it stay
+    `pending`. Returns the sitting's record (also appended to state.data["sittings"]):
+    {started_utc, ended_utc, budget_s, ran, kept, stopped (reason or None), ...provenance git fields}."""
+    provenance = provenance or {}
+    t0 = clock()
+    sitting = {"started_utc": utc_now(), "budget_s": budget_s, "command": options.get("command"),
+               "git_rev": provenance.get("git_rev"), "impl_tree": provenance.get("impl_tree"),
+               "ran": [], "kept": [], "skipped": [], "stopped": None}
+    state.data.setdefault("sittings", []).append(sitting)
+    for stage in stages:
+        st = state.get(stage)
+        st.budget_s = stage.budget_s
+        st.dir = stage.name
+        if st.status == "done":
+            sitting["kept"].append(stage.name)
+            continue
+        if stage.skip:
+            st.status, st.reason = "skipped", stage.skip
+            sitting["skipped"].append(stage.name)
+            state.save()
+            continue
+        left = None if budget_s is None else budget_s - (clock() - t0)
+        if sitting["stopped"] or (left is not None and (left <= 0 or (sitting["ran"] and left < stage.budget_s))):
+            if not sitting["stopped"]:
+                sitting["stopped"] = (f"budget: {max(left, 0):.0f} s of --budget-s {budget_s:g} left before "
+                                      f"{stage.name}, which has a {stage.budget_s:g} s budget; rerun with --resume")
+                log(f"stop: {sitting['stopped']}")
+            st.status, st.reason = "pending", "not run yet: " + sitting["stopped"]
+            continue
+        timeout = stage.budget_s if left is None else min(stage.budget_s, left)
+        out_dir = state.run_dir / stage.name
+        if out_dir.exists():
+            _clear(out_dir)
+        st.attempts += 1
+        st.started_utc, st.timeout_s = utc_now(), timeout
+        st.git_rev, st.impl_tree = provenance.get("git_rev"), provenance.get("impl_tree")
+        log(f"stage {stage.name}: start (budget {stage.budget_s:g} s, timeout {timeout:.0f} s)")
+        t_stage = clock()
+        outcome = execute(stage, out_dir, timeout, options)
+        st.seconds = round(clock() - t_stage, 3)
+        st.ended_utc = utc_now()
+        st.status, st.returncode, st.reason = outcome.status, outcome.returncode, outcome.reason
+        st.command, st.log_tail = list(outcome.command), list(outcome.log_tail)
+        _read_verdict(out_dir, st)
+        sitting["ran"].append(stage.name)
+        log(f"stage {stage.name}: {st.status} in {st.seconds:.1f} s"
+            + (f" (verdict {st.verdict})" if st.verdict else "") + (f": {st.reason}" if st.reason else ""))
+        if st.status == "failed" and st.log_tail:
+            log("  | " + "\n  | ".join(st.log_tail[-8:]))
+        state.save()
+    sitting["ended_utc"] = utc_now()
+    state.save()
+    return sitting
+
+
+def _clear(folder: Path) -> None:
+    """Remove the files an earlier attempt left in a stage folder (not the folder)."""
+    for p in sorted(folder.rglob("*"), reverse=True):
+        if p.is_dir():
+            p.rmdir()
+        else:
+            p.unlink()

@@ -1,0 +1,317 @@
+"""suite.stages / suite.claims / suite.stage_run: the staged, resumable reproduction.
+
+Scheduling (resume, failure, budget) runs on stub executors and a fake clock, so every decision is
+checked exactly; the merged report runs real stages inline on the fake adapter (tests/test_suite_runner);
+the one-process-per-mode memory stage runs the real Moshi workload (reduced depth, 1 unit) in a child
+process, one per mode.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from suite import claims, report, stage_run, stages
+from test_suite_runner import clean_tree, fake_adapter, workload  # noqa: F401
+
+OPTIONS = {"device": "cpu", "steps": None, "seconds": None, "max_speak_units": None, "depth": "released",
+           "seed": None, "notes": []}
+
+
+def three(budget: float = 100.0) -> list[stages.Stage]:
+    return [stages.Stage("w", h, budget) for h in ("verify", "memory_stock", "memory_cadence")]
+
+
+class Stub:
+    """An executor that records calls, advances a fake clock and fails the stages it is told to."""
+
+    def __init__(self, seconds: float = 10.0, fail: tuple = ()):
+        self.now, self.seconds, self.fail, self.calls = 0.0, seconds, set(fail), []
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, stage, out_dir, timeout_s, options):
+        self.calls.append((stage.name, timeout_s))
+        self.now += self.seconds
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if stage.name in self.fail:
+            return stages.Outcome("failed", 1, "exit status 1: boom", ["stub"], ["boom"])
+        (out_dir / "run.json").write_text(json.dumps({"verdict": "VALID", "invalid_codes": []}))
+        return stages.Outcome("done", 0, "", ["stub"])
+
+
+def run(tmp_path, plan, stub, *, resume=False, budget_s=None):
+    state = stages.State.open(tmp_path, OPTIONS, resume=resume)
+    sitting = stages.run_plan(plan, state, OPTIONS, budget_s=budget_s, execute=stub, clock=stub.clock,
+                              provenance={"git_rev": "abc", "impl_tree": "def"}, log=lambda *_: None)
+    return state, sitting
+
+
+def on_disk(tmp_path) -> dict:
+    return json.loads((tmp_path / "stages.json").read_text())["stages"]
+
+
+# --- resumability ------------------------------------------------------------------------------------
+def test_done_stages_are_kept_on_resume(tmp_path):
+    stub = Stub()
+    run(tmp_path, three(), stub)
+    assert [c[0] for c in stub.calls] == ["w.verify", "w.memory_stock", "w.memory_cadence"]
+    assert {k: v["status"] for k, v in on_disk(tmp_path).items()} == dict.fromkeys(
+        ["w.verify", "w.memory_stock", "w.memory_cadence"], "done")
+    assert on_disk(tmp_path)["w.verify"]["verdict"] == "VALID"
+    assert on_disk(tmp_path)["w.verify"]["seconds"] == 10.0
+
+    again = Stub()
+    _, sitting = run(tmp_path, three(), again, resume=True)
+    assert again.calls == [] and sitting["kept"] == ["w.verify", "w.memory_stock", "w.memory_cadence"]
+    assert all(v["attempts"] == 1 for v in on_disk(tmp_path).values())
+
+
+def test_failed_stage_is_recorded_then_rerun(tmp_path):
+    run(tmp_path, three(), Stub(fail={"w.memory_stock"}))
+    st = on_disk(tmp_path)["w.memory_stock"]
+    assert (st["status"], st["returncode"], st["reason"], st["log_tail"]) == ("failed", 1, "exit status 1: boom",
+                                                                             ["boom"])
+    assert on_disk(tmp_path)["w.memory_cadence"]["status"] == "done"      # a failure does not stop the rest
+
+    again = Stub()
+    run(tmp_path, three(), again, resume=True)
+    assert [c[0] for c in again.calls] == ["w.memory_stock"]
+    st = on_disk(tmp_path)["w.memory_stock"]
+    assert (st["status"], st["attempts"], st["reason"]) == ("done", 2, "")
+    sittings = json.loads((tmp_path / "stages.json").read_text())["sittings"]
+    assert [s["ran"] for s in sittings] == [["w.verify", "w.memory_stock", "w.memory_cadence"], ["w.memory_stock"]]
+
+
+def test_budget_exhaustion_stops_cleanly_with_state_saved(tmp_path):
+    stub = Stub(seconds=90.0)
+    state, sitting = run(tmp_path, three(budget=100.0), stub, budget_s=250.0)
+    # 250 s: verify (90), memory_stock (left 160 >= 100: runs, 90), memory_cadence (left 70 < 100): stop
+    assert stub.calls == [("w.verify", 100.0), ("w.memory_stock", 100.0)]
+    assert "70 s of --budget-s 250 left before w.memory_cadence" in sitting["stopped"]
+    disk = on_disk(tmp_path)
+    assert disk["w.memory_cadence"]["status"] == "pending" and disk["w.memory_cadence"]["attempts"] == 0
+    assert disk["w.memory_cadence"]["reason"].startswith("not run yet: budget")
+
+    # the next sitting: the first stage always starts, its timeout cut to the sitting's budget
+    nxt = Stub(seconds=5.0)
+    run(tmp_path, three(budget=100.0), nxt, resume=True, budget_s=40.0)
+    assert nxt.calls == [("w.memory_cadence", 40.0)]
+    assert on_disk(tmp_path)["w.memory_cadence"]["status"] == "done"
+
+
+def test_budget_of_nothing_left_runs_nothing_after_the_first(tmp_path):
+    stub = Stub(seconds=500.0)
+    _, sitting = run(tmp_path, three(budget=100.0), stub, budget_s=300.0)
+    assert [c[0] for c in stub.calls] == ["w.verify"] and sitting["stopped"]
+
+
+def test_skipped_stage_is_recorded_and_checked_again(tmp_path):
+    plan = [stages.Stage("w", "verify", 100.0), stages.Stage("w", "duplex", 100.0, skip="harness not here")]
+    stub = Stub()
+    run(tmp_path, plan, stub)
+    assert on_disk(tmp_path)["w.duplex"] == {**on_disk(tmp_path)["w.duplex"], "status": "skipped",
+                                             "reason": "harness not here", "attempts": 0}
+    later = Stub()                                  # the harness has arrived
+    run(tmp_path, [plan[0], stages.Stage("w", "duplex", 100.0)], later, resume=True)
+    assert [c[0] for c in later.calls] == ["w.duplex"]
+    assert on_disk(tmp_path)["w.duplex"]["status"] == "done"
+
+
+def test_state_open_rules(tmp_path):
+    stages.State.open(tmp_path, OPTIONS, resume=True).save()        # --resume on a new folder starts it
+    with pytest.raises(stages.StateError, match="pass --resume"):
+        stages.State.open(tmp_path, OPTIONS, resume=False)
+    with pytest.raises(stages.StateError, match=r"other options .*'max_speak_units': \(None, 4\)"):
+        stages.State.open(tmp_path, {**OPTIONS, "max_speak_units": 4}, resume=True)
+
+
+def test_timeout_kills_the_stage_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(stages, "stage_argv", lambda *a: ["timeit", "-n", "1", "import time; time.sleep(60)"])
+    out = stages.subprocess_executor(stages.Stage("w", "verify", 1.0), tmp_path / "w.verify", 1.0, OPTIONS)
+    assert out.status == "failed" and out.reason.startswith("timed out after 1 s (killed)")
+
+
+@pytest.mark.parametrize("patterns, want", [
+    pytest.param(["memory"], ["a.memory_stock", "a.memory_cadence", "b.memory_stock", "b.memory_cadence"],
+                 id="family"),
+    pytest.param(["b.*"], ["b.verify", "b.memory_stock", "b.memory_cadence", "b.duplex"], id="glob"),
+    pytest.param(["a", "*.duplex"], ["a.verify", "a.memory_stock", "a.memory_cadence", "a.duplex", "b.duplex"],
+                 id="workload+glob"),
+])
+def test_select(patterns, want):
+    plan = [stages.Stage(w, h, 1.0) for w in "ab" for h in stages.HARNESSES]
+    assert [s.name for s in stages.select(plan, patterns)] == want
+    with pytest.raises(ValueError, match=r"\['c\.\*'\]: no stage matches"):
+        stages.select(plan, ["a", "c.*"])
+
+
+def test_plan_of_the_registry_skips_what_cannot_run(monkeypatch):
+    import workloads
+
+    monkeypatch.setattr(stages, "harness_present", lambda module: False)
+    plan = {s.name: s for s in stages.plan(workloads.names(), list(stages.HARNESSES), "cuda")}
+    assert len(plan) == 4 * len(workloads.names())
+    assert "suite.duplex is not present yet" in plan["minicpmo45.duplex"].skip
+    assert plan["minicpmo45.verify"].skip is None and plan["moshi.memory_cadence"].skip is None
+    assert plan["minicpmo45.verify"].budget_s == stages.BUDGET_S["cuda"]["verify"]
+    adapter = sys.modules["duplexcadence.adapters.flow_hift"]
+    if "stepaudio2" not in getattr(adapter, "VARIANTS", ()):
+        assert all("'stepaudio2' variant" in (plan[f"stepaudio2_mini.{h}"].skip or "") for h in stages.HARNESSES)
+    with pytest.raises(ValueError, match="harness"):
+        stages.plan(["moshi"], ["speed"], "cuda")
+
+
+# --- merged report ---------------------------------------------------------------------------------------
+@pytest.fixture
+def fake_registry(monkeypatch, fake_adapter):  # noqa: F811
+    registry = {"fake": workload(turns=3, speak_per_turn=12)}
+    mod = types.ModuleType("workloads")
+    mod.get, mod.names, mod.DEFAULT = registry.__getitem__, lambda: list(registry), "fake"
+    monkeypatch.setitem(sys.modules, "workloads", mod)
+    return registry
+
+
+def _duplex_executor(stage, out_dir, timeout_s, options):
+    """Stands in for suite.duplex: writes the figures suite.claims reads."""
+    if stage.harness != "duplex":
+        return stages.inline_executor(stage, out_dir, timeout_s, options)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "duplex.json").write_text(json.dumps({"modes": {
+        "stock": {"speak_vs_period_pct_mean": 13.2, "speak_vs_period_pct_p99": 30.0, "miss_rate": 0.61,
+                  "max_sessions_zero_miss": 3},
+        "cadence": {"speak_vs_period_pct_mean": -41.5, "speak_vs_period_pct_p99": -20.0, "miss_rate": 0.0,
+                    "max_sessions_zero_miss": 25}}}))
+    return stages.Outcome("done", 0, "", ["duplex stub"])
+
+
+def _as_minicpmo(run_dir: Path) -> None:
+    """Label the fake records with the architecture the published figures belong to."""
+    for path in run_dir.glob("*/run.json"):
+        rec = json.loads(path.read_text())
+        rec["workload"]["architecture"] = claims.FLOW_HIFT
+        path.write_text(json.dumps(rec))
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(f"## {title}")[1].split("\n## ")[0]
+
+
+def test_stage_outputs_merge_into_one_report(fake_registry, clean_tree, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    state = stages.State.open(run_dir, OPTIONS, resume=False)
+    plan = [stages.Stage("fake", h, 100.0) for h in stages.HARNESSES]
+    stages.run_plan(plan, state, OPTIONS, execute=_duplex_executor, log=lambda *_: None)
+    assert state.counts() == {"done": 4, "failed": 0, "skipped": 0, "pending": 0}
+    _as_minicpmo(run_dir)
+    text = claims.write(run_dir).read_text()
+    assert text.count("# DuplexCadence reproduction") == 1 and "**Complete**" in text
+    for title, paper in [("Speedup", "2.85x"), ("Peak memory", "-38.8%"),
+                         ("SPEAK time against the 1 s cadence", "+14% -> -2%"), ("Per-session increment", "1/2"),
+                         ("Sessions per GPU", ">= 24"), ("Bitwise equality", "every unit")]:
+        table = _section(text, title)
+        assert paper in table, title
+        assert len([line for line in table.splitlines() if line.startswith("| fake")]) == 1, title
+    # ours beside the stock baseline: the speedup row carries both modes' p50 and the ratio
+    rec = json.loads((run_dir / "fake.verify" / "run.json").read_text())
+    sp = claims.speedup(rec)
+    row = next(line for line in _section(text, "Speedup").splitlines() if line.startswith("| fake"))
+    assert f"{sp['stock'][1]:.1f} [" in row and f"{sp['x']:.2f}x [" in row
+    # memory comes from the one-process-per-mode stages, not from verify
+    assert "one process per mode; RSS" in _section(text, "Peak memory")
+    stock_mem = json.loads((run_dir / "fake.memory_stock" / "run.json").read_text())["modes"]["stock"]["memory"]
+    assert report._f(stock_mem["peak_over_idle_rss_mib"]) in _section(text, "Peak memory")
+    speak = _section(text, "SPEAK time against the 1 s cadence")
+    assert "+13.2%" in speak and "-41.5%" in speak and "duplex (duplex.json)" in speak
+    assert "| 3 " in _section(text, "Sessions per GPU") and "8.3x" in _section(text, "Sessions per GPU")
+    assert "| 36 " in _section(text, "Bitwise equality")          # 3 turns x 12 SPEAK units, all compared
+    assert (run_dir / "speedup.png").stat().st_size > 0 and "![memory.png](memory.png)" in text
+    prov = _section(text, "Provenance")
+    assert "commit (per stage record)" in prov and "impl/ tree" in prov and "seeds" in prov
+    assert text.rstrip().split("\n## ")[-1].startswith("Parameters used")
+    assert report.rebuild(run_dir) == run_dir / "REPORT.md"        # make report on a staged folder
+
+
+def test_unfinished_run_report_says_what_is_missing(fake_registry, clean_tree, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    state = stages.State.open(run_dir, OPTIONS, resume=False)
+    plan = [stages.Stage("fake", "verify", 100.0),
+            stages.Stage("fake", "duplex", 100.0, skip="harness suite.duplex is not present yet")]
+    stages.run_plan(plan, state, OPTIONS, execute=stages.inline_executor, log=lambda *_: None)
+    text = claims.write(run_dir).read_text()
+    assert "not measured (skipped: harness suite.duplex is not present yet)" in _section(text, "Sessions per GPU")
+    assert "tail only, p50, no AR stage (verify)" in _section(text, "SPEAK time against the 1 s cadence")
+    assert "one process, both modes (verify)" in _section(text, "Peak memory")
+
+
+def test_compare_states_whether_ratios_are_within_noise(fake_registry, clean_tree, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    state = stages.State.open(run_dir, OPTIONS, resume=False)
+    stages.run_plan([stages.Stage("fake", "verify", 100.0)], state, OPTIONS, execute=stages.inline_executor,
+                    log=lambda *_: None)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    rec = json.loads((run_dir / "fake.verify" / "run.json").read_text())
+    (ref / "run.json").write_text(json.dumps(rec))
+    assert "within the reference's noise" in claims.write(run_dir, [str(ref)]).read_text()
+    for u in rec["modes"]["stock"]["units"]:          # a reference 10x faster in stock: ratio far outside
+        if u["tail_ms"] is not None:
+            u["tail_ms"] /= 10.0
+    (ref / "run.json").write_text(json.dumps(rec))
+    text = claims.write(run_dir, [str(ref)]).read_text()
+    assert "OUTSIDE the reference's noise" in _section(text, "Against the reference run")
+
+
+def test_gpu_coverage_names_the_impl_tree_and_head(tmp_path):
+    from suite import env
+
+    head = env._git("rev-parse", "HEAD:impl")
+    old = {"device": "cuda", "comparison": {"units": []}, "run_id": "old-gpu", "workload": {"name": "w"},
+           "provenance": {"date_utc": "2026-11-01", "impl_tree": "0" * 40, "git_rev": "1" * 40}}
+    new = {**old, "run_id": "new-gpu", "provenance": {**old["provenance"], "date_utc": "2026-11-30",
+                                                        "impl_tree": head or "NA"}}
+    for rec in (old, new):
+        (tmp_path / rec["run_id"]).mkdir()
+        (tmp_path / rec["run_id"] / "run.json").write_text(json.dumps(rec))
+    data = {"workloads": {}, "state": {}}
+    line = claims.gpu_coverage(data, tmp_path)
+    assert "`new-gpu`" in line
+    if head:
+        assert "it is HEAD's impl/ tree" in line
+        (tmp_path / "new-gpu" / "run.json").unlink()
+        assert "it is NOT HEAD's impl/ tree" in claims.gpu_coverage(data, tmp_path)
+
+
+# --- one process per mode, for real ----------------------------------------------------------------------
+def test_memory_stages_run_one_subprocess_per_mode(tmp_path):
+    """Moshi (reduced depth, the first unit: LISTEN, decoded as moshi's server does), one child process per
+    mode. Each child builds its own model: nothing an earlier session left is in its figures."""
+    options = {**OPTIONS, "depth": "reduced", "seconds": 1.0}
+    state = stages.State.open(tmp_path, options, resume=False)
+    plan = [stages.Stage("moshi", f"memory_{m}", 240.0) for m in ("stock", "cadence")]
+    stages.run_plan(plan, state, options, log=lambda *_: None)
+    pids = set()
+    for mode in ("stock", "cadence"):
+        st = state.stages[f"moshi.memory_{mode}"]
+        assert st.status == "done", (st.reason, st.log_tail)
+        assert st.command[1:4] == ["-m", "suite.stage_run", "mode"] and f"--mode {mode}" in " ".join(st.command)
+        rec = json.loads((tmp_path / f"moshi.memory_{mode}" / "run.json").read_text())
+        assert list(rec["modes"]) == [mode]
+        mem = rec["modes"][mode]["memory"]
+        assert mem["leftover_rss_mib"] == 0.0                  # the only session of its process
+        assert mem["session_rss_mib"] > 0 and mem["peak_over_idle_rss_mib"] > mem["session_rss_mib"]
+        (pid,) = [int(m.group(1)) for n in rec["notes"] for m in [re.search(r"pid (\d+)", n)] if m]
+        pids.add(pid)
+        assert (tmp_path / f"moshi.memory_{mode}" / "log.txt").is_file()
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+def test_stage_run_bad_input():
+    assert stage_run.main(["mode", "--workload", "moshi", "--device", "cpu", "--out", "x"]) == 2   # no --mode
+    assert stage_run.main(["verify", "--workload", "nosuch", "--device", "cpu", "--out", "x"]) == 2
