@@ -1,8 +1,9 @@
 # DuplexCadence. Every target does its own set-up (the virtual environment in .venv).
-# `make reproduce`  the main job: the default workload, stock vs DuplexCadence, report in results/
+# `make reproduce`  the main job, staged and resumable (suite/stages.py): writes results/<date>-<device>-reproduce/
+#                   stages.json, one folder per stage and one merged REPORT.md (CPU default: minicpmo45 verify, 4 units)
 # `make test`       the test suite (CPU; GPU-only tests skip with the reason)
 # `make bench`      pytest-benchmark microbenchmarks of the runtime's parts
-# `make asv`        asv benchmarks against the current environment, kept under results/asv
+# `make asv`        asv benchmarks against the current environment, kept under results/asv (history accumulates)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +11,8 @@ PY := $(VENV)/bin/python
 # Offline wheels (e.g. carried to a GPU machine without network): WHEELS=.whl make ...
 WHEELS ?=
 PIP_OFFLINE := $(if $(WHEELS),--no-index --find-links $(WHEELS),)
-# Options for reproduce: make reproduce ARGS="--device cuda --steps 5 --seconds 40"
+# Options for reproduce: make reproduce ARGS="--device cuda --stages 'minicpmo45.*' --run-dir DIR --resume --budget-s 420"
+# (exit status 3: budget spent with stages pending; run the same command again)
 ARGS ?=
 # stepaudio2 wraps its encoder chunk in torch.compile(backend="eager"): tracing and recompiling for every
 # new shape is host overhead only (the same aten kernels run), minutes per session on a CPU. Off by default

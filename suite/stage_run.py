@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                         + (f" {args.mode}" if args.harness == "mode" else "") + ")")
     out = Path(args.out)
     folder = report.write_results(result, out.parent, name=out.name)
+    if args.no_progress:                         # the runner printed its summary otherwise
+        print(report.summary_text(result.to_dict()))
     print(f"stage record: {folder}/run.json (verdict {result.verdict})")
     return 0
 

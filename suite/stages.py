@@ -375,8 +375,8 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
         sitting["ran"].append(stage.name)
         log(f"stage {stage.name}: {st.status} in {st.seconds:.1f} s"
             + (f" (verdict {st.verdict})" if st.verdict else "") + (f": {st.reason}" if st.reason else ""))
-        if st.status == "failed" and st.log_tail:
-            log("  | " + "\n  | ".join(st.log_tail[-8:]))
+        if st.log_tail:                            # the stage's own summary (or its error)
+            log("  | " + "\n  | ".join(st.log_tail[-12:]))
         state.save()
     sitting["ended_utc"] = utc_now()
     state.save()
