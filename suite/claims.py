@@ -435,13 +435,14 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
            results_root: Path | None = None) -> str:
     """REPORT.md text of a loaded staged run (`load`); refs: workload -> reference record."""
     state = data["state"]
-    counts = {s: 0 for s in ("done", "failed", "skipped", "pending")}
+    counts = {s: 0 for s in ("done", "failed", "skipped", "pending", "running")}
     for st in state.get("stages", {}).values():
         counts[st["status"]] = counts.get(st["status"], 0) + 1
-    complete = counts["failed"] == 0 and counts["pending"] == 0
+    complete = counts["failed"] == counts["pending"] == counts["running"] == 0
     opts = state.get("options", {})
     parts = [f"# DuplexCadence reproduction {data['run_dir'].name}", "",
-             f"**{'Complete' if complete else 'Incomplete'}**: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+             f"**{'Complete' if complete else 'Incomplete'}**: " + ", ".join(f"{v} {k}" for k, v in counts.items()
+                                                                             if v or k != "running")
              + ("" if complete else "; rerun the same command with `--resume` to run the failed and pending "
                                      "stages (done stages are kept)."), "",
              gpu_coverage(data, results_root), "",

@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
 
     prov = env.provenance(command, device="cpu")    # git and versions; the device facts are in each stage
     run = stages.run_plan(chosen, state, {**options, "command": command}, budget_s=args.budget_s,
-                          execute=execute or stages.subprocess_executor, provenance=prov)
+                          execute=execute or stages.subprocess_executor, provenance=prov,
+                          after=lambda: claims.write(run_dir))    # a killed sitting still has its report
     report = claims.write(run_dir)
     print(f"results: {run_dir}/stages.json, {report}")
     return _status(state, chosen, run, limited)

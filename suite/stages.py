@@ -35,15 +35,15 @@ from typing import Callable
 
 SCHEMA = "duplexcadence.stages/1"
 HARNESSES = ("verify", "memory_stock", "memory_cadence", "duplex")
-STATUSES = ("done", "failed", "skipped", "pending")
+STATUSES = ("done", "failed", "skipped", "pending", "running")   # running: only while its process runs
 #: Per-stage time budget in seconds (the stage's process is killed past it), by device type. These are
 #: upper bounds chosen so that two or three stages fit one sitting of a 10-minute command, not measured
 #: durations: no stage has been timed under this harness on an H200 yet. stages.json records every stage's
 #: seconds; tighten with --stage-budget-s once a sitting has run. CPU: 2 cores, released config, 4 SPEAK
-#: units (the CPU default verify took about 4 minutes on 2 idle cores).
+#: units (the CPU default verify took about 4 minutes on 2 idle cores; the budget allows a shared machine).
 BUDGET_S = {
     "cuda": {"verify": 300, "memory_stock": 180, "memory_cadence": 180, "duplex": 420},
-    "cpu": {"verify": 900, "memory_stock": 600, "memory_cadence": 600, "duplex": 900},
+    "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex": 1800},
 }
 DUPLEX_MODULE = "suite.duplex"          # issue 7's harness; a stage slot until it exists
 LOG_TAIL_LINES = 20
@@ -191,6 +191,9 @@ class State:
             raise StateError(f"{path} exists: pass --resume to continue that reproduction, or another "
                              f"--run-dir")
         data = json.loads(path.read_text())
+        for st in data.get("stages", {}).values():
+            if st.get("status") == "running":    # the sitting ended (killed) while this stage ran
+                st["status"], st["reason"] = "failed", "interrupted: the sitting ended while this stage ran"
         if data.get("schema") != SCHEMA:
             raise StateError(f"{path}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
         if data.get("options") != options:
@@ -324,13 +327,16 @@ def _read_verdict(out_dir: Path, st: StageState) -> None:
 
 def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: float | None = None,
              execute: Executor = subprocess_executor, clock: Callable[[], float] = time.monotonic,
-             provenance: dict | None = None, log: Callable[[str], None] = print) -> dict:
+             provenance: dict | None = None, log: Callable[[str], None] = print,
+             after: Callable[[], object] | None = None) -> dict:
     """Run the stages in order within budget_s seconds (None: no total budget), saving state after each.
 
     Kept: `done` stages. Recorded without running: `skipped` (Stage.skip). Stopped: when a stage's budget
     exceeds what is left and it is not the sitting's first stage to run; it and all after it stay
     `pending`. Returns the sitting's record (also appended to state.data["sittings"]):
-    {started_utc, ended_utc, budget_s, ran, kept, stopped (reason or None), ...provenance git fields}."""
+    {started_utc, ended_utc, budget_s, ran, kept, stopped (reason or None), ...provenance git fields}.
+    A stage is saved as `running` while its process runs (a killed sitting leaves it so; `State.open`
+    turns it into `failed`, rerun on resume). after: called after every stage that ran (the report)."""
     provenance = provenance or {}
     t0 = clock()
     sitting = {"started_utc": utc_now(), "budget_s": budget_s, "command": options.get("command"),
@@ -364,6 +370,8 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
         st.attempts += 1
         st.started_utc, st.timeout_s = utc_now(), timeout
         st.git_rev, st.impl_tree = provenance.get("git_rev"), provenance.get("impl_tree")
+        st.status, st.reason = "running", ""
+        state.save()
         log(f"stage {stage.name}: start (budget {stage.budget_s:g} s, timeout {timeout:.0f} s)")
         t_stage = clock()
         outcome = execute(stage, out_dir, timeout, options)
@@ -378,6 +386,8 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
         if st.log_tail:                            # the stage's own summary (or its error)
             log("  | " + "\n  | ".join(st.log_tail[-12:]))
         state.save()
+        if after is not None:
+            after()
     sitting["ended_utc"] = utc_now()
     state.save()
     return sitting

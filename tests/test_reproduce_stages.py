@@ -89,6 +89,25 @@ def test_failed_stage_is_recorded_then_rerun(tmp_path):
     assert [s["ran"] for s in sittings] == [["w.verify", "w.memory_stock", "w.memory_cadence"], ["w.memory_stock"]]
 
 
+def test_a_stage_interrupted_by_a_killed_sitting_is_rerun(tmp_path):
+    class Killed(Exception):
+        pass
+
+    class KilledStub(Stub):
+        def __call__(self, stage, out_dir, timeout_s, options):
+            if stage.harness == "memory_stock":
+                raise Killed                            # the 10-minute command ends mid-stage
+            return super().__call__(stage, out_dir, timeout_s, options)
+
+    with pytest.raises(Killed):
+        run(tmp_path, three(), KilledStub())
+    assert on_disk(tmp_path)["w.memory_stock"]["status"] == "running"      # saved before it started
+    again = Stub()
+    state, _ = run(tmp_path, three(), again, resume=True)
+    assert [c[0] for c in again.calls] == ["w.memory_stock", "w.memory_cadence"]
+    assert state.stages["w.memory_stock"].attempts == 2
+
+
 def test_budget_exhaustion_stops_cleanly_with_state_saved(tmp_path):
     stub = Stub(seconds=90.0)
     state, sitting = run(tmp_path, three(budget=100.0), stub, budget_s=250.0)
@@ -208,7 +227,7 @@ def test_stage_outputs_merge_into_one_report(fake_registry, clean_tree, tmp_path
     state = stages.State.open(run_dir, OPTIONS, resume=False)
     plan = [stages.Stage("fake", h, 100.0) for h in stages.HARNESSES]
     stages.run_plan(plan, state, OPTIONS, execute=_duplex_executor, log=lambda *_: None)
-    assert state.counts() == {"done": 4, "failed": 0, "skipped": 0, "pending": 0}
+    assert state.counts() == {"done": 4, "failed": 0, "skipped": 0, "pending": 0, "running": 0}
     _as_minicpmo(run_dir)
     text = claims.write(run_dir).read_text()
     assert text.count("# DuplexCadence reproduction") == 1 and "**Complete**" in text
