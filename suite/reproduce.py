@@ -166,8 +166,6 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         notes = [f"CPU default: a short run of the first {max_units} SPEAK units over >= 2 turns "
                  f"(suite.reproduce); too few units for statistics, a check of the pipeline and of "
                  f"bit-exactness only"]
-        print(f"CPU: short run of the first {max_units} SPEAK units (over >= 2 turns); "
-              f"pass --max-speak-units / --seconds to change it")
     options = {"device": device, "steps": args.steps, "seconds": args.seconds, "max_speak_units": max_units,
                "depth": args.depth, "seed": args.seed, "notes": notes}
     run_dir = _run_dir(args, device)
@@ -185,6 +183,9 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
                   f"{s.skip or (st.reason if st else '')}")
         return 0
 
+    if notes:
+        print(f"CPU: short run of the first {max_units} SPEAK units (over >= 2 turns); "
+              f"pass --max-speak-units / --seconds to change it")
     prov = env.provenance(command, device="cpu")    # git and versions; the device facts are in each stage
     run = stages.run_plan(chosen, state, {**options, "command": command}, budget_s=args.budget_s,
                           execute=execute or stages.subprocess_executor, provenance=prov,
