@@ -456,6 +456,7 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
                                                                              if v or k != "running")
              + ("" if complete else "; rerun the same command with `--resume` to run the failed and pending "
                                      "stages (done stages are kept)."), "",
+             _verdicts(state), "",
              gpu_coverage(data, results_root), "",
              "Published figures: one H200, released MiniCPM-o 4.5 weights, whole SPEAK unit. Ours: seeded "
              "random weights, the token-to-audio tail unless a row says otherwise, on the device below. "
@@ -483,6 +484,15 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
               _table([[k, DASH if v is None else json.dumps(v) if isinstance(v, (list, dict)) else str(v)]
                       for k, v in opts.items()], ["option", "value"]), ""]
     return "\n".join(parts)
+
+
+def _verdicts(state: dict) -> str:
+    """One line: the stage records' verdicts, with the reasons of the INVALID ones."""
+    done = {n: st for n, st in state.get("stages", {}).items() if st.get("verdict")}
+    bad = {n: ", ".join(dict.fromkeys(st.get("invalid_codes") or [])) for n, st in done.items()
+           if st["verdict"] != "VALID"}
+    return (f"Stage verdicts: {len(done) - len(bad)} VALID, {len(bad)} INVALID"
+            + ("".join(f"; {n}: {codes}" for n, codes in bad.items()) if bad else "") + ".")
 
 
 def write(run_dir: str | Path, compare: list[str] | None = None, results_root: str | Path | None = None) -> Path:

@@ -361,7 +361,8 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
                 sitting["stopped"] = (f"budget: {max(left, 0):.0f} s of --budget-s {budget_s:g} left before "
                                       f"{stage.name}, which has a {stage.budget_s:g} s budget; rerun with --resume")
                 log(f"stop: {sitting['stopped']}")
-            st.status, st.reason = "pending", "not run yet: " + sitting["stopped"]
+            last = f"; last attempt {st.status}: {st.reason}" if st.status == "failed" else ""
+            st.status, st.reason = "pending", "not run yet: " + sitting["stopped"] + last
             continue
         timeout = stage.budget_s if left is None else min(stage.budget_s, left)
         out_dir = state.run_dir / stage.name
