@@ -15,8 +15,9 @@ checked again on every run. State lives in `<run dir>/stages.json` (`State`): pe
 (`done` | `failed` | `skipped` | `pending`), seconds, attempts, return code, reason, the stage's verdict
 and provenance (command, git rev, impl/ tree); per sitting the command, budget and where it stopped.
 `--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting stops cleanly (state
-saved, remaining stages `pending`) when the next stage's budget no longer fits in what is left of
-`--budget-s`. The first stage of a sitting always starts, with its timeout cut to what is left.
+saved, remaining stages `pending`) when what is left of `--budget-s` is less than the next stage is
+expected to need (its budget, or 1.5x the slowest done stage of its family once one has run). The first
+stage of a sitting always starts; every stage's timeout is its budget cut to what is left.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ BUDGET_S = {
     "cuda": {"verify": 300, "memory_stock": 180, "memory_cadence": 180, "duplex": 420},
     "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex": 1800},
 }
+ESTIMATE_MARGIN = 1.5                   # a stage is expected to take up to 1.5x its family's slowest done stage
 DUPLEX_MODULE = "suite.duplex"          # issue 7's harness; a stage slot until it exists
 LOG_TAIL_LINES = 20
 
@@ -325,15 +327,29 @@ def _read_verdict(out_dir: Path, st: StageState) -> None:
         st.mismatched_units = list((rec.get("comparison") or {}).get("mismatched_units", []))
 
 
+def family(harness: str) -> str:
+    """'memory_stock' -> 'memory'; other harnesses are their own family."""
+    return harness.split("_")[0]
+
+
+def estimate_s(stage: Stage, state: State) -> float:
+    """Seconds this stage is expected to need: ESTIMATE_MARGIN x the slowest done stage of its harness
+    family in this run (any workload), capped at its budget; its budget when none is done yet."""
+    seen = [st.seconds for st in state.stages.values()
+            if st.status == "done" and st.seconds is not None and family(st.harness) == family(stage.harness)]
+    return min(stage.budget_s, ESTIMATE_MARGIN * max(seen)) if seen else stage.budget_s
+
+
 def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: float | None = None,
              execute: Executor = subprocess_executor, clock: Callable[[], float] = time.monotonic,
              provenance: dict | None = None, log: Callable[[str], None] = print,
              after: Callable[[], object] | None = None) -> dict:
     """Run the stages in order within budget_s seconds (None: no total budget), saving state after each.
 
-    Kept: `done` stages. Recorded without running: `skipped` (Stage.skip). Stopped: when a stage's budget
-    exceeds what is left and it is not the sitting's first stage to run; it and all after it stay
-    `pending`. Returns the sitting's record (also appended to state.data["sittings"]):
+    Kept: `done` stages. Recorded without running: `skipped` (Stage.skip). Stopped: when what is left is
+    less than the stage is expected to need (`estimate_s`: its budget until a stage of its family has
+    run, then 1.5x the slowest such) and it is not the sitting's first stage to run; it and all after it
+    stay `pending`. A stage's timeout is its budget, cut to what is left of the sitting. Returns the sitting's record (also appended to state.data["sittings"]):
     {started_utc, ended_utc, budget_s, ran, kept, stopped (reason or None), ...provenance git fields}.
     A stage is saved as `running` while its process runs (a killed sitting leaves it so; `State.open`
     turns it into `failed`, rerun on resume). after: called after every stage that ran (the report)."""
@@ -356,10 +372,11 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
             state.save()
             continue
         left = None if budget_s is None else budget_s - (clock() - t0)
-        if sitting["stopped"] or (left is not None and (left <= 0 or (sitting["ran"] and left < stage.budget_s))):
+        need = estimate_s(stage, state)
+        if sitting["stopped"] or (left is not None and (left <= 0 or (sitting["ran"] and left < need))):
             if not sitting["stopped"]:
                 sitting["stopped"] = (f"budget: {max(left, 0):.0f} s of --budget-s {budget_s:g} left before "
-                                      f"{stage.name}, which has a {stage.budget_s:g} s budget; rerun with --resume")
+                                      f"{stage.name}, which is expected to need {need:.0f} s; rerun with --resume")
                 log(f"stop: {sitting['stopped']}")
             last = f"; last attempt {st.status}: {st.reason}" if st.status == "failed" else ""
             st.status, st.reason = "pending", "not run yet: " + sitting["stopped"] + last
@@ -379,6 +396,9 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
         st.seconds = round(clock() - t_stage, 3)
         st.ended_utc = utc_now()
         st.status, st.returncode, st.reason = outcome.status, outcome.returncode, outcome.reason
+        if outcome.status == "failed" and outcome.reason.startswith("timed out") and timeout < stage.budget_s:
+            st.reason = (f"the sitting's --budget-s ran out during the stage (timeout cut to {timeout:.0f} s of "
+                         f"its {stage.budget_s:g} s budget); rerun with --resume")
         st.command, st.log_tail = list(outcome.command), list(outcome.log_tail)
         _read_verdict(out_dir, st)
         sitting["ran"].append(stage.name)

@@ -113,7 +113,7 @@ def test_budget_exhaustion_stops_cleanly_with_state_saved(tmp_path):
     state, sitting = run(tmp_path, three(budget=100.0), stub, budget_s=250.0)
     # 250 s: verify (90), memory_stock (left 160 >= 100: runs, 90), memory_cadence (left 70 < 100): stop
     assert stub.calls == [("w.verify", 100.0), ("w.memory_stock", 100.0)]
-    assert "70 s of --budget-s 250 left before w.memory_cadence" in sitting["stopped"]
+    assert "70 s of --budget-s 250 left before w.memory_cadence, which is expected to need 100 s" in sitting["stopped"]
     disk = on_disk(tmp_path)
     assert disk["w.memory_cadence"]["status"] == "pending" and disk["w.memory_cadence"]["attempts"] == 0
     assert disk["w.memory_cadence"]["reason"].startswith("not run yet: budget")
@@ -123,6 +123,25 @@ def test_budget_exhaustion_stops_cleanly_with_state_saved(tmp_path):
     run(tmp_path, three(budget=100.0), nxt, resume=True, budget_s=40.0)
     assert nxt.calls == [("w.memory_cadence", 40.0)]
     assert on_disk(tmp_path)["w.memory_cadence"]["status"] == "done"
+
+
+def test_budget_uses_what_done_stages_of_the_family_took(tmp_path):
+    plan = [stages.Stage(w, "verify", 100.0) for w in ("a", "b", "c")]
+    stub = Stub(seconds=20.0)
+    _, sitting = run(tmp_path, plan, stub, budget_s=65.0)
+    # a: 20 s; b expected 1.5 x 20 = 30 <= 45 left: runs, timeout cut to 45; c: 25 left < 30: stop
+    assert stub.calls == [("a.verify", 65.0), ("b.verify", 45.0)]
+    assert "expected to need 30 s" in sitting["stopped"]
+
+
+def test_stage_killed_by_the_sitting_budget_says_so(tmp_path):
+    def slow(stage, out_dir, timeout_s, options):
+        return stages.Outcome("failed", None, f"timed out after {timeout_s:.0f} s (killed)")
+
+    state = stages.State.open(tmp_path, OPTIONS, resume=False)
+    stages.run_plan(three(), state, OPTIONS, budget_s=30.0, execute=slow, log=lambda *_: None)
+    assert state.stages["w.verify"].reason.startswith("the sitting's --budget-s ran out during the stage "
+                                                      "(timeout cut to 30 s of its 100 s budget)")
 
 
 def test_budget_of_nothing_left_runs_nothing_after_the_first(tmp_path):
