@@ -15,8 +15,9 @@ Defaults: on CUDA every workload (`--workload all`) through every harness; on CP
 (minicpmo45), verify only, released config, the first `CPU_DEFAULT_SPEAK_UNITS` SPEAK units over 2 turns
 (a few minutes on 2 cores). The run folder is `<out>/<UTC date>-<device>-reproduce` (a suffix -2, ... when
 taken) or `--run-dir`. `--resume` continues a run folder: done stages are kept, failed and pending ones run
-(the options must equal the recorded ones). `--budget-s` bounds this sitting: a stage starts only if its
-budget fits in what is left (the first stage of a sitting always starts); the rest stay pending.
+(the options must equal the recorded ones). `--budget-s` bounds this sitting: a stage starts only if what
+is left covers what it is expected to need (suite.stages.estimate_s; the first stage of a sitting always
+starts), and its timeout is cut to what is left; the rest stay pending.
 
 Exit status: 0 when every selected stage is done or skipped and every record is byte-identical and VALID
 (or INVALID only for too few units in a run cut short on purpose); 1 when a stage failed or a record is
