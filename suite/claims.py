@@ -220,7 +220,8 @@ def speak_table(data: dict) -> str:
             s, c = d["modes"].get("stock", {}), d["modes"].get("cadence", {})
             rows.append([w, _paper(e, paper), f"{_f(s.get('speak_vs_period_pct_mean'), '+.1f')}%",
                          f"{_f(c.get('speak_vs_period_pct_mean'), '+.1f')}%",
-                         f"{_f(s.get('speak_vs_period_pct_p99'), '+.1f')}% / {_f(c.get('speak_vs_period_pct_p99'), '+.1f')}%",
+                         f"{_f(s.get('speak_vs_period_pct_p99'), '+.1f')}% / "
+                         f"{_f(c.get('speak_vs_period_pct_p99'), '+.1f')}%",
                          f"{_f(s.get('miss_rate'), '.3f')} / {_f(c.get('miss_rate'), '.3f')}",
                          f"duplex ({d['file']})"])
             continue

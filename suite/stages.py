@@ -3,16 +3,23 @@
 A **stage** is one harness on one workload, run in a process of its own (`suite.stage_run`, or the
 harness's own module), with a time budget. Stage names are `<workload>.<harness>`:
 
-| harness | what it runs | writes (in `<run dir>/<stage name>/`) |
-|---|---|---|
-| `verify` | `suite.runner.verify`: stock then cadence on one model instance, per-unit sha256 compared (speedup, bitwise equality) | `run.json`, `REPORT.md`, `audio_*.wav` (suite.report) |
-| `memory_stock`, `memory_cadence` | `suite.runner.run_workload` of ONE mode in a fresh process: model built, one session; driver-level peak over the idle baseline (VMM mappings, weights and graph pools all count), per-session increment = peak with one session - the model-loaded sample (suite.memory) | `run.json`, `REPORT.md` |
-| `duplex` | `python -m suite.duplex --workload W --device D --out DIR` (issue 7: SPEAK time against the 1 s cadence, sessions per GPU), when that module exists | whatever JSON the harness writes; `suite.claims` reads `modes.<mode>.{speak_vs_period_pct_mean, speak_vs_period_pct_p99, miss_rate, max_sessions_zero_miss}` |
+* `verify`: `suite.runner.verify`, stock then cadence on one model instance, per-unit sha256 compared
+  (speedup, bitwise equality). Writes `run.json`, `REPORT.md`, `audio_*.wav` (suite.report).
+* `memory_stock`, `memory_cadence`: `suite.runner.run_workload` of ONE mode in a fresh process (model
+  built, one session): driver-level peak over the idle baseline, so VMM mappings, weights and graph pools
+  all count; per-session increment = peak with one session - the model-loaded sample (suite.memory).
+  Writes `run.json`, `REPORT.md`.
+* `duplex`: `python -m suite.duplex --workload W --device D --out DIR` (issue 7: SPEAK time against the
+  1 s cadence, sessions per GPU), once that module exists. `suite.claims` reads the first JSON under DIR
+  with `modes.<stock|cadence>.{speak_vs_period_pct_mean, speak_vs_period_pct_p99, miss_rate,
+  max_sessions_zero_miss}` (percent of the 1 s period, fraction of units, sessions).
+
+All write into `<run dir>/<stage name>/`, plus `log.txt` (the process's output).
 
 A stage that cannot run here is **skipped with its reason** (a harness module that is not there yet, a
 workload variant its adapter does not implement, a mode the adapter does not declare); skipped stages are
 checked again on every run. State lives in `<run dir>/stages.json` (`State`): per stage its status
-(`done` | `failed` | `skipped` | `pending`), seconds, attempts, return code, reason, the stage's verdict
+(`done` | `failed` | `skipped` | `pending`; `running` while its process runs), seconds, attempts, return code, reason, the stage's verdict
 and provenance (command, git rev, impl/ tree); per sitting the command, budget and where it stopped.
 `--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting stops cleanly (state
 saved, remaining stages `pending`) when what is left of `--budget-s` is less than the next stage is
@@ -349,7 +356,8 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
     Kept: `done` stages. Recorded without running: `skipped` (Stage.skip). Stopped: when what is left is
     less than the stage is expected to need (`estimate_s`: its budget until a stage of its family has
     run, then 1.5x the slowest such) and it is not the sitting's first stage to run; it and all after it
-    stay `pending`. A stage's timeout is its budget, cut to what is left of the sitting. Returns the sitting's record (also appended to state.data["sittings"]):
+    stay `pending`. A stage's timeout is its budget, cut to what is left of the sitting.
+    Returns the sitting's record (also appended to state.data["sittings"]):
     {started_utc, ended_utc, budget_s, ran, kept, stopped (reason or None), ...provenance git fields}.
     A stage is saved as `running` while its process runs (a killed sitting leaves it so; `State.open`
     turns it into `failed`, rerun on resume). after: called after every stage that ran (the report)."""
