@@ -119,12 +119,19 @@ def memory_figures(entries: dict) -> dict:
         if not rec or mode not in rec.get("modes", {}):
             continue
         mem = rec["modes"][mode]["memory"]
+        stats = rec["modes"][mode].get("session_stats") or {}
         key, peak = headline(mem)
         session = mem.get("session_driver_mib", mem.get("session_rss_mib"))
         level = "driver" if "driver" in key else "RSS" if "rss" in key else key
         src = mem.get("driver_source")
-        out[mode] = {"peak": peak, "session": session, "how": f"{how}; {level}" + (f" ({src})" if src else "")}
+        out[mode] = {"peak": peak, "session": session, "how": f"{how}; {level}" + (f" ({src})" if src else ""),
+                     "alloc": mem.get("peak_over_idle_alloc_mib"),
+                     "arena": _mib(stats.get("arena_bytes_mapped")), "pool": _mib(stats.get("graph_pool_bytes"))}
     return out
+
+
+def _mib(nbytes) -> float | None:
+    return None if nbytes is None else nbytes / 2**20
 
 
 def _pct(new, old):
@@ -186,10 +193,12 @@ def memory_table(data: dict) -> str:
         change = _pct(c.get("peak"), s.get("peak"))
         rows.append([w, _paper(e, f"{PUBLISHED['peak_memory_change_pct']:+.1f}%"), _f(s.get("peak")),
                      _f(c.get("peak")), DASH if change is None else f"{change:+.1f}%",
+                     f"{_f(s.get('alloc'))} / {_f(c.get('alloc'))}", f"{_f(c.get('arena'))} / {_f(c.get('pool'))}",
                      "; ".join(sorted({x["how"] for x in m.values()})) or
                      f"not measured ({_status(e, 'memory_stock')})"])
     return _table(rows, ["workload", "paper", "stock peak over idle MiB", "cadence peak over idle MiB",
-                         "ours: change", "measured as"])
+                         "ours: change", "torch allocator over idle MiB, stock / cadence",
+                         "cadence arena / graph pool MiB", "measured as"])
 
 
 def session_table(data: dict) -> str:
