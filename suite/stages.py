@@ -278,6 +278,7 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
     available, stage_run.EXIT_UNAVAILABLE); anything else, or the timeout: failed."""
     from suite import env
 
+    out_dir = out_dir.resolve()                   # the child runs from the repository root
     argv = [sys.executable, "-m", *stage_argv(stage, out_dir, options)]
     child_env = dict(os.environ)
     roots = [str(env.REPO_ROOT / "impl"), str(env.REPO_ROOT)]
