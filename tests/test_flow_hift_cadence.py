@@ -14,6 +14,7 @@ import torch
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
+from duplexcadence.adapters.bounded_vocoder_cadence import ArenaVocoder  # noqa: E402
 from duplexcadence.adapters.flow_hift_cadence import CadenceSession  # noqa: E402
 from duplexcadence.clocks import ClockError  # noqa: E402
 from duplexcadence.runtime import InputError, compare_units  # noqa: E402
@@ -54,7 +55,8 @@ def test_schedule_and_arena_bytes_match_stock_every_unit(model):
     """44 units over five turns with every final-flush size: each region's length equals the schedule's
     (computed from the clocks alone), its bytes in the arena's logical layout equal stock's, and every
     call's mel is byte-identical. No region ever moves. (Vocoder stubbed: see the next test.)"""
-    with mock.patch.object(model.t2w, "_stream_vocode", side_effect=_mel_only):
+    with mock.patch.object(model.t2w, "_stream_vocode", side_effect=_mel_only), \
+            mock.patch.object(ArenaVocoder, "stream_vocode", lambda self, mel, last: _mel_only(mel, last)):
         _schedule_check(model)
 
 

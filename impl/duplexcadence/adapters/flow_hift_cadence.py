@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from duplexcadence.adapters import flow_hift as fh
+from duplexcadence.adapters.bounded_vocoder_cadence import ArenaVocoder
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import ClockError
 from duplexcadence.graphs import GraphCache
@@ -74,7 +75,10 @@ class CadenceSession:
     """
 
     def __init__(self, t2w, prompt: fh.Prompt, *, graphs: bool | None = None, strict: bool = False,
-                 arena_backend: str = "auto"):
+                 arena_backend: str = "auto", vocoder: str = "cadence", noise: str = "host"):
+        if vocoder not in ("cadence", "stock"):
+            raise ValueError(f"vocoder: expected 'cadence' (arena + graphs) or 'stock' (eager BoundedVocoder), "
+                             f"got {vocoder!r}")
         self.t2w = t2w
         self.prompt = prompt
         self.device = torch.device(t2w.device)
@@ -109,6 +113,9 @@ class CadenceSession:
         a.declare("conformer_cnn", (1, 512, 6), dtype)
         a.declare("dit_att_scratch", (depth, 2, heads, Lmax, dk2), dtype)
         a.declare("dit_cnn_scratch", (depth, 2, 1024, 2), dtype)
+        self.vocoder = ArenaVocoder(t2w, noise=noise) if vocoder == "cadence" else None
+        if self.vocoder is not None:
+            self.vocoder.declare(a)
         a.allocate()
         self._est_buf = a["estimator_att"].view((self.n_steps, depth, 2, heads, Lmax, dk2))
         self._est_cnn = a["estimator_cnn"].view((self.n_steps, depth, 2, 1024, 2))
@@ -118,6 +125,8 @@ class CadenceSession:
         self._shape_conf = (n_layers, 1, heads)
         # warmup=1: a signature's first occurrence runs eagerly (lazy initialisations outside capture).
         self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=a, warmup=1)
+        if self.vocoder is not None:
+            self.vocoder.attach(a, self.graphs)
         self._timestep = _DeviceTimestepTable()
         self._timestep(torch.zeros(2, device=self.device, dtype=dtype), dit.t_embedder.frequency_embedding_size)
         self._tokens: dict[int, torch.Tensor] = {}
@@ -152,6 +161,8 @@ class CadenceSession:
             self._conf_cnn.copy_(self._base_flow["conformer_cnn_cache"])
         self.len_conf = self.len_est = P
         self._hift = fh.clone_recursive(self._base_hift)   # vocoder state (stock BoundedVocoder cache dict)
+        if self.vocoder is not None:
+            self.vocoder.reset()                             # the same state, in the arena
         self.buffer = [fh.SILENCE_TOKEN] * fh.PRE_LOOKAHEAD
         self.turn += 1
 
@@ -201,8 +212,11 @@ class CadenceSession:
         else:  # an empty final call only flushes the vocoder (token2wav.py L271-273)
             mel = self._hift["mel"][:, :, :0]
         with torch.inference_mode():
-            self.t2w.hift_cache_dict = self._hift        # several sessions may share one Token2wav
-            speech = self.t2w._stream_vocode(mel, last_chunk)
+            if self.vocoder is not None:
+                speech = self.vocoder.stream_vocode(mel, last_chunk)
+            else:
+                self.t2w.hift_cache_dict = self._hift        # several sessions may share one Token2wav
+                speech = self.t2w._stream_vocode(mel, last_chunk)
         return speech.cpu().numpy()
 
     @contextmanager
