@@ -113,6 +113,12 @@ class CadenceSession:
         a.declare("conformer_cnn", (1, 512, 6), dtype)
         a.declare("dit_att_scratch", (depth, 2, heads, Lmax, dk2), dtype)
         a.declare("dit_cnn_scratch", (depth, 2, 1024, 2), dtype)
+        # The flow step's mel output lives in the arena, not in the graph pool: the vocoder reads it block
+        # by block while its own graphs replay, and a graph-pool output of one graph may share memory with
+        # another graph's intermediates (graphs of one pool are safe only when each output is consumed
+        # before the next replay).
+        self._mel_channels = t2w.hift.conv_pre.in_channels
+        a.declare("flow_mel", (1, self._mel_channels, 2 * fh.MAX_CALL_TOKENS), dtype)
         self.vocoder = ArenaVocoder(t2w, noise=noise) if vocoder == "cadence" else None
         if self.vocoder is not None:
             self.vocoder.declare(a)
@@ -250,7 +256,9 @@ class CadenceSession:
             self._keep_conformer(new["conformer_att_cache"])
             self._conf_cnn.copy_(new["conformer_cnn_cache"])
             self._keep_estimator(new["estimator_att_cache"].shape[4])
-        return mel
+            out = self.arena["flow_mel"].view(tuple(mel.shape))
+            out.copy_(mel)
+        return out
 
     def _keep_conformer(self, new: torch.Tensor) -> None:
         """Write the grown conformer cache (a fresh tensor from the encoder) into the arena, trimmed as
