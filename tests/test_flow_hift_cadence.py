@@ -319,3 +319,39 @@ def test_released_configuration_first_ramp_steady_and_flush_bit_exact():
         a, b = stock.speak(tokens_for(u, n), final=final), cad.speak(tokens_for(u, n), final=final)
         compare_units("minicpmo45-released", u, a, b)
         assert a.waveform.std() > 1e-4
+
+
+def test_prepare_runs_synthetic_turns_without_touching_real_turns(model):
+    """Ahead-of-time capture (prepare) runs synthetic turns; the next real turn starts from the voice's
+    base state, so its units stay byte-identical to stock. On CPU prepare is forced (no graphs) to run the
+    same code. A control shows the synthetic turn would matter without the restore."""
+    stock = fh.new_session(model, "stock")
+    cad = CadenceSession(model.t2w, model.prompt, prepare_turns=0)
+    assert cad.prepared is None
+    done = cad.prepare(turns=1, units=2)
+    assert done["eager_runs"] > 0 and cad.buffer is None and cad.len_conf is None
+    with pytest.raises(InputError):
+        cad.speak(tokens_for(0, 25))                   # no open turn after prepare
+    stock.start_turn()
+    cad.start_turn()
+    for u in range(2):
+        compare_units("minicpmo45-reduced", u, stock.speak(tokens_for(u, 25)), cad.speak(tokens_for(u, 25)))
+    # control: the same session continuing a turn (no restore) gives other bytes than a fresh turn
+    fresh = fh.new_session(model, "stock")
+    fresh.start_turn()
+    a = fresh.speak(tokens_for(0, 25))
+    b = stock.speak(tokens_for(0, 25))
+    assert a.sha256() != b.sha256()
+    with pytest.raises(ValueError, match="prepare"):
+        cad.prepare(turns=-1)
+
+
+def test_flow_output_is_an_arena_view(model):
+    """The flow step's mel is returned from the arena (not a graph-pool tensor that another graph's
+    intermediates may overwrite while the vocoder reads it block by block)."""
+    cad = fh.new_session(model, "cadence")
+    cad.start_turn()
+    tok = torch.tensor([tokens_for(0, 28)], dtype=torch.int32)
+    mel = cad._flow_step(tok, False, cad.len_conf, cad.len_est)
+    lo, hi = cad.arena.base, cad.arena.base + cad.arena.bytes_reserved
+    assert lo <= mel.data_ptr() < hi and mel.shape == (1, 80, 50)

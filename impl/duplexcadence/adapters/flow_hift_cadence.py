@@ -65,6 +65,11 @@ class _DeviceTimestepTable:
         return embedding
 
 
+PREPARE_TURNS = 2     # synthetic turns run at session open on CUDA (prepare)
+PREPARE_UNITS = 5     # full units per synthetic turn: first, ramp and steady shapes recur by the 4th
+PREPARE_SEED = 20261130
+
+
 class CadenceSession:
     """One duplex session on DuplexCadence: arena state, in-place trims, exact-shape graph replay.
 
@@ -75,7 +80,8 @@ class CadenceSession:
     """
 
     def __init__(self, t2w, prompt: fh.Prompt, *, graphs: bool | None = None, strict: bool = False,
-                 arena_backend: str = "auto", vocoder: str = "cadence", noise: str = "host"):
+                 arena_backend: str = "auto", vocoder: str = "cadence", noise: str = "host",
+                 prepare_turns: int | None = None):
         if vocoder not in ("cadence", "stock"):
             raise ValueError(f"vocoder: expected 'cadence' (arena + graphs) or 'stock' (eager BoundedVocoder), "
                              f"got {vocoder!r}")
@@ -140,6 +146,34 @@ class CadenceSession:
         self.buffer: list[int] | None = None
         self._hift: dict = {}
         self.turn = -1
+        if prepare_turns is None:
+            prepare_turns = PREPARE_TURNS if self.graphs.enabled else 0
+        self.prepared = self.prepare(prepare_turns) if prepare_turns else None
+
+    # --- ahead-of-time capture ---------------------------------------------------------------------
+    def prepare(self, turns: int = 2, units: int = PREPARE_UNITS) -> dict:
+        """Capture this voice's turn-start, ramp and steady graphs before the first real turn.
+
+        Runs `turns` synthetic turns of `units` full units (25 token ids each, from a fixed seeded
+        sequence; turns are not flushed). A signature is captured on its second occurrence (GraphCache
+        warmup=1), so two turns capture the turn-start shapes too; rare final-flush shapes are captured
+        on first use later. Nothing of it reaches a real turn: start_turn() restores every region from the
+        voice's base caches and resets the vocoder. Returns the graph counters' change.
+        Raises ValueError for turns < 0 or units < 1."""
+        if not isinstance(turns, int) or turns < 0 or not isinstance(units, int) or units < 1:
+            raise ValueError(f"prepare: expected turns >= 0 and units >= 1, got turns={turns!r}, units={units!r}")
+        before = self.graphs.stats.snapshot()
+        gen = torch.Generator().manual_seed(PREPARE_SEED)
+        for _ in range(turns):
+            self.start_turn()
+            for _ in range(units):
+                self.speak(torch.randint(0, fh.VOCAB_SIZE, (fh.CHUNK_TOKENS,), generator=gen).tolist())
+        self.len_conf = self.len_est = None
+        self.buffer = None
+        self.turn = -1
+        after = self.graphs.stats.snapshot()
+        return {k: after[k] - before[k] for k in ("captures", "replays", "eager_runs", "warmup_runs",
+                                                  "eager_fallbacks", "capture_failures")}
 
     # --- arena views ---------------------------------------------------------------------------
     def conformer_view(self, L: int) -> torch.Tensor:
@@ -189,6 +223,7 @@ class CadenceSession:
 
     def stats(self) -> dict:
         out = self.graphs.stats.snapshot()
+        out["prepared"] = self.prepared
         out.update(arena_backend=self.arena.backend, arena_fallback=self.arena.fallback,
                    arena_bytes_reserved=self.arena.bytes_reserved, arena_bytes_mapped=self.arena.bytes_mapped,
                    graph_pool_bytes=self.graphs.pool_bytes, graphs=len(self.graphs.entries))
