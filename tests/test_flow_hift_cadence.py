@@ -355,3 +355,25 @@ def test_flow_output_is_an_arena_view(model):
     mel = cad._flow_step(tok, False, cad.len_conf, cad.len_est)
     lo, hi = cad.arena.base, cad.arena.base + cad.arena.bytes_reserved
     assert lo <= mel.data_ptr() < hi and mel.shape == (1, 80, 50)
+
+
+def test_vocoder_regions_are_read_stay_put_and_bad_mel_changes_nothing(model):
+    """The vocoder's history regions are what it reads (corrupting the source history changes the next
+    unit), they never move, and a malformed mel is rejected with the state and offsets unchanged."""
+    a, b = fh.new_session(model, "cadence"), fh.new_session(model, "cadence")
+    names = ("vocoder_mel", "vocoder_source", "vocoder_phase")
+    ptrs = {n: b.arena[n].data_ptr() for n in names}
+    for s in (a, b):
+        s.start_turn()
+        s.speak(tokens_for(0, 25))
+    before = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in b.vocoder.state().items()}
+    with pytest.raises(ValueError, match="shape"):
+        b.vocoder.stream(torch.zeros(1, 79, 5))
+    after = b.vocoder.state()
+    for k, v in before.items():
+        assert torch.equal(v, after[k]) if torch.is_tensor(v) else v == after[k], k
+    assert before["source"].numel() > 0
+    b.vocoder.state()["source"].add_(1e-3)                # corrupt the source history only
+    ua, ub = a.speak(tokens_for(1, 25)), b.speak(tokens_for(1, 25))
+    assert ua.sha256() != ub.sha256()
+    assert {n: b.arena[n].data_ptr() for n in names} == ptrs

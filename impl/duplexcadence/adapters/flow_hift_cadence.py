@@ -19,8 +19,13 @@ Same kernels as the stock session: `CausalMaskedDiffWithXvec.inference_chunk` (f
   are copied into a static buffer outside the graph. The DiT timestep embedding builds its frequency
   table on the host and copies it to the device every call (decoder_dit.py L177-195), which cannot be
   captured; during a cadence step `t_embedder.timestep_embedding` computes the same table the same way
-  once and keeps it on the device (same bytes; tests compare). The vocoder (host offsets, CPU noise
-  table gather, torch.istft's NOLA check) stays eager and stock.
+  once and keeps it on the device (same bytes; tests compare). The flow step writes its mel into the
+  arena (`flow_mel`), where the vocoder reads it block by block.
+* The vocoder runs on the arena too (bounded_vocoder_cadence.ArenaVocoder: mel/source history, phase, host
+  offsets; one graph per 16-frame block signature, torch.istft eager between them). `vocoder="stock"`
+  keeps the stock eager BoundedVocoder instead (for measurement).
+* `prepare()` (run at session open on CUDA) captures a voice's turn-start, ramp and steady graphs with
+  synthetic turns before the first real one; start_turn() restores the voice state afterwards.
 
 Bit-exactness: every unit's float32 waveform and int16 PCM equal the stock session's (tests/ and the
 suite's verify mode check every unit).
