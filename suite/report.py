@@ -180,13 +180,17 @@ def per_unit(record: dict) -> str:
     rows = []
     for u in modes[names[0]]["units"]:
         i = u["index"]
-        decoded = u["tail_ms"] is not None
+        decoded = u["tail_ms"] is not None or bool(u.get("kernels"))
         row = [i, u["kind"], _f(u["turn"]) if u["turn"] is not None else "", "yes" if u["final"] else "",
                _f(u["payload_size"]) if decoded else "", _f(u["samples"]) if decoded else ""]
         for m in names:
             v = by_mode[m].get(i, {})
             warm = "" if v.get("measured") else " (warm-up)" if v.get("kind") == "SPEAK" else " (listen)"
-            row += [_f(v.get("tail_ms")) + warm if v.get("tail_ms") is not None else "",
+            if v.get("kernels"):    # profiled (suite.kernels): wall time under the profiler, not a speed
+                tail = f"profiled: {v['kernels']['kernel_launches']} launches, {v['kernels']['graph_launches']} graphs"
+            else:
+                tail = _f(v.get("tail_ms")) + warm if v.get("tail_ms") is not None else ""
+            row += [tail,
                     (v.get("sha256_f32") or "")[:12], (v.get("sha256_pcm16") or "")[:12]]
         if len(names) > 1:
             row.append(_f(equal.get(i)) if i in equal else "")
@@ -197,6 +201,24 @@ def per_unit(record: dict) -> str:
     if len(names) > 1:
         headers.append("equal")
     return _table(rows, headers)
+
+
+def kernels_table(record: dict) -> str:
+    """Per-unit medians over the profiled SPEAK units (suite.kernels), one row per mode."""
+    rows = []
+    for mode, run in record["modes"].items():
+        m = run["metrics"]
+        if not m.get("units_profiled"):
+            continue
+        rows.append([mode, _f(m.get("units_profiled")), _f(m.get("kernel_launches_per_unit_p50")),
+                     _f(m.get("graph_launches_per_unit_p50")), _f(m.get("kernels_per_unit_p50")),
+                     _f(m.get("kernel_busy_ms_per_unit_p50")), _f(m.get("tail_ms_p50")),
+                     _f(m.get("tail_over_kernel_busy_x"), ".2f")])
+    if not rows:
+        return "No unit was profiled (CPU run)."
+    return _table(rows, ["mode", "units profiled", "kernel launches / unit", "graph launches / unit",
+                         "kernels run / unit", "GPU kernel-busy ms / unit", "tail ms p50 (timed units)",
+                         "tail / kernel-busy"])
 
 
 def memory_table(record: dict) -> str:
@@ -248,6 +270,8 @@ def render(record: dict) -> str:
               "Published figures are one H200 with the released weights and include the whole SPEAK unit; "
               "ours are this run's tail time only (token-to-audio), seeded random weights, on the device "
               "named above. Compare ratios, not absolute times.", "",
+              "### Kernel launches and GPU kernel-busy time (CUDA profiler, last SPEAK units, untimed)", "",
+              kernels_table(record), "",
               "### Memory (MiB)", "", memory_table(record), "",
               "## Per unit", "", per_unit(record), ""]
     audio = record.get("audio") or {}

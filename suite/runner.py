@@ -39,6 +39,7 @@ STD_MIN = 1e-4              # a SPEAK unit quieter than this is degenerate
 CLIP_LEVEL = 0.99           # |x| at or above this counts as clipped (the causal HiFT audio_limit)
 CLIP_FRACTION_MAX = 0.5     # more than this fraction clipped is degenerate
 UNIT_PERIOD_S = 1.0         # the duplex cadence: one unit per second (DESIGN.md section 1)
+PROFILED_SPEAK_UNITS = 5    # CUDA: the last SPEAK units run under the profiler (suite.kernels), untimed
 DEFAULT_SAMPLE_RATE = 24000
 
 
@@ -62,6 +63,7 @@ class UnitRecord:
     std: float | None = None        # of the float32 waveform
     clipped_frac: float | None = None  # fraction of samples with |x| >= CLIP_LEVEL
     stats: dict | None = None       # session.stats() after the unit (cumulative), if the session has it
+    kernels: dict | None = None     # profiled units (CUDA): launches, kernels, kernel-busy ms (suite.kernels)
     info: dict = field(default_factory=dict)   # UnitOutput.info (e.g. the stream calls made)
 
 
@@ -281,8 +283,12 @@ def metrics(units: list[UnitRecord], sample_rate: int, period_s: float = UNIT_PE
     """Statistics over the measured SPEAK units (ms, seconds, ratios; keys carry the unit)."""
     speak = [u for u in units if u.kind == "SPEAK"]
     measured = [u for u in speak if u.measured]
-    out = {"speak_units": len(speak), "warmup_units": sum(1 for u in speak if not u.measured),
-           "units_measured": len(measured), "unit_period_s": period_s}
+    prof = [u.kernels for u in speak if u.kernels]
+    out = {"speak_units": len(speak), "warmup_units": sum(1 for u in speak if not u.measured and not u.kernels),
+           "units_measured": len(measured), "unit_period_s": period_s, "units_profiled": len(prof)}
+    if prof:
+        for key in ("kernel_launches", "graph_launches", "kernels", "kernel_busy_ms", "gpu_busy_ms"):
+            out[f"{key}_per_unit_p50"] = float(np.percentile([k[key] for k in prof], 50))
     if not measured:
         return out
     tail = np.array([u.tail_ms for u in measured], dtype=np.float64)
@@ -299,6 +305,9 @@ def metrics(units: list[UnitRecord], sample_rate: int, period_s: float = UNIT_PE
         "tail_vs_period_pct_p50": 100.0 * (p50 / (period_s * 1e3) - 1.0),
         "deadline_misses": int(np.sum(tail > period_s * 1e3)),
     })
+    if prof:   # issue 3: tail time against the GPU kernel-busy time of the same run
+        out["tail_over_kernel_busy_x"] = p50 / out["kernel_busy_ms_per_unit_p50"] \
+            if out["kernel_busy_ms_per_unit_p50"] > 0 else None
     return out
 
 
@@ -350,9 +359,15 @@ def open_session(adapter, model, mode: str, spec: dict):
 
 # --- sessions ------------------------------------------------------------------------------------
 def run_session(adapter, model, mode: str, spec: dict, units: list, device: torch.device, *,
-                probe: MemoryProbe | None = None, label: str = "", progress: bool = True):
+                probe: MemoryProbe | None = None, label: str = "", progress: bool = True,
+                profile_units: int | None = None):
     """Open one session and walk the units. Returns (records, UnitOutputs by index, pcm16, memory,
     final stats). The first WARMUP_SPEAK_UNITS SPEAK units are marked measured=False.
+
+    profile_units: on CUDA, the last this-many SPEAK units (default PROFILED_SPEAK_UNITS) run under the
+    CUDA profiler (suite.kernels.profile_call): their `kernels` record holds kernel launches, graph
+    launches, kernels run and GPU kernel-busy ms; they are not in the timing statistics (measured=False,
+    the profiler slows the host) but their bytes are hashed and compared like every unit's.
 
     SPEAK unit: `start_turn()` when it opens a turn, then the timed `speak(payload, final=unit.final)`.
     LISTEN unit: passes, unless it carries a payload (Moshi: the stock server decodes every frame,
@@ -365,6 +380,9 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
         probe.begin_session()
     session = open_session(adapter, model, mode, spec)
     timer = UnitTimer(device)
+    n_prof = (PROFILED_SPEAK_UNITS if profile_units is None else int(profile_units)) if device.type == "cuda" else 0
+    speak_idx = [int(u.index) for u in units if u.kind == "SPEAK"]
+    profiled = set(speak_idx[len(speak_idx) - n_prof:]) if n_prof > 0 else set()
     has_stats = callable(getattr(session, "stats", None))
     records, outputs, pcm = [], {}, []
     open_turn, n_speak = None, 0
@@ -383,13 +401,19 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
         if speak and unit.turn != open_turn:
             session.start_turn()
             open_turn = unit.turn
-        out, rec.tail_ms, rec.wall_ms = timer(session.speak, payload, final=bool(speak and unit.final))
+        if rec.index in profiled:
+            from suite.kernels import profile_call
+            out, rec.kernels = profile_call(session.speak, payload, final=bool(speak and unit.final),
+                                            device=device)
+            rec.wall_ms = rec.kernels["wall_ms"]
+        else:
+            out, rec.tail_ms, rec.wall_ms = timer(session.speak, payload, final=bool(speak and unit.final))
         if speak and unit.final:
             open_turn = None
         rec.samples = out.samples
         rec.sha256_f32, rec.sha256_pcm16 = out.sha256()
         rec.std, rec.clipped_frac = sanity(np.asarray(out.waveform).reshape(-1))
-        rec.measured = speak and n_speak >= WARMUP_SPEAK_UNITS
+        rec.measured = speak and n_speak >= WARMUP_SPEAK_UNITS and rec.index not in profiled
         rec.info = jsonable(out.info)
         n_speak += speak
         outputs[rec.index] = out
@@ -398,7 +422,7 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
             rec.stats = jsonable(session.stats())
         if probe is not None:
             probe.observe()
-        bar.set_postfix_str(f"unit {rec.index}: {rec.tail_ms:.1f} ms")
+        bar.set_postfix_str(f"unit {rec.index}: {rec.wall_ms:.1f} ms")
     bar.close()
     stats = jsonable(session.stats()) if has_stats else None
     memory = probe.end_session() if probe is not None else {}

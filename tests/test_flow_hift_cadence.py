@@ -14,6 +14,7 @@ import torch
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
+from duplexcadence.adapters.bounded_vocoder_cadence import ArenaVocoder  # noqa: E402
 from duplexcadence.adapters.flow_hift_cadence import CadenceSession  # noqa: E402
 from duplexcadence.clocks import ClockError  # noqa: E402
 from duplexcadence.runtime import InputError, compare_units  # noqa: E402
@@ -54,7 +55,8 @@ def test_schedule_and_arena_bytes_match_stock_every_unit(model):
     """44 units over five turns with every final-flush size: each region's length equals the schedule's
     (computed from the clocks alone), its bytes in the arena's logical layout equal stock's, and every
     call's mel is byte-identical. No region ever moves. (Vocoder stubbed: see the next test.)"""
-    with mock.patch.object(model.t2w, "_stream_vocode", side_effect=_mel_only):
+    with mock.patch.object(model.t2w, "_stream_vocode", side_effect=_mel_only), \
+            mock.patch.object(ArenaVocoder, "stream_vocode", lambda self, mel, last: _mel_only(mel, last)):
         _schedule_check(model)
 
 
@@ -317,3 +319,61 @@ def test_released_configuration_first_ramp_steady_and_flush_bit_exact():
         a, b = stock.speak(tokens_for(u, n), final=final), cad.speak(tokens_for(u, n), final=final)
         compare_units("minicpmo45-released", u, a, b)
         assert a.waveform.std() > 1e-4
+
+
+def test_prepare_runs_synthetic_turns_without_touching_real_turns(model):
+    """Ahead-of-time capture (prepare) runs synthetic turns; the next real turn starts from the voice's
+    base state, so its units stay byte-identical to stock. On CPU prepare is forced (no graphs) to run the
+    same code. A control shows the synthetic turn would matter without the restore."""
+    stock = fh.new_session(model, "stock")
+    cad = CadenceSession(model.t2w, model.prompt, prepare_turns=0)
+    assert cad.prepared is None
+    done = cad.prepare(turns=1, units=2)
+    assert done["eager_runs"] > 0 and cad.buffer is None and cad.len_conf is None
+    with pytest.raises(InputError):
+        cad.speak(tokens_for(0, 25))                   # no open turn after prepare
+    stock.start_turn()
+    cad.start_turn()
+    for u in range(2):
+        compare_units("minicpmo45-reduced", u, stock.speak(tokens_for(u, 25)), cad.speak(tokens_for(u, 25)))
+    # control: the same session continuing a turn (no restore) gives other bytes than a fresh turn
+    fresh = fh.new_session(model, "stock")
+    fresh.start_turn()
+    a = fresh.speak(tokens_for(0, 25))
+    b = stock.speak(tokens_for(0, 25))
+    assert a.sha256() != b.sha256()
+    with pytest.raises(ValueError, match="prepare"):
+        cad.prepare(turns=-1)
+
+
+def test_flow_output_is_an_arena_view(model):
+    """The flow step's mel is returned from the arena (not a graph-pool tensor that another graph's
+    intermediates may overwrite while the vocoder reads it block by block)."""
+    cad = fh.new_session(model, "cadence")
+    cad.start_turn()
+    tok = torch.tensor([tokens_for(0, 28)], dtype=torch.int32)
+    mel = cad._flow_step(tok, False, cad.len_conf, cad.len_est)
+    lo, hi = cad.arena.base, cad.arena.base + cad.arena.bytes_reserved
+    assert lo <= mel.data_ptr() < hi and mel.shape == (1, 80, 50)
+
+
+def test_vocoder_regions_are_read_stay_put_and_bad_mel_changes_nothing(model):
+    """The vocoder's history regions are what it reads (corrupting the source history changes the next
+    unit), they never move, and a malformed mel is rejected with the state and offsets unchanged."""
+    a, b = fh.new_session(model, "cadence"), fh.new_session(model, "cadence")
+    names = ("vocoder_mel", "vocoder_source", "vocoder_phase")
+    ptrs = {n: b.arena[n].data_ptr() for n in names}
+    for s in (a, b):
+        s.start_turn()
+        s.speak(tokens_for(0, 25))
+    before = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in b.vocoder.state().items()}
+    with pytest.raises(ValueError, match="shape"):
+        b.vocoder.stream(torch.zeros(1, 79, 5))
+    after = b.vocoder.state()
+    for k, v in before.items():
+        assert torch.equal(v, after[k]) if torch.is_tensor(v) else v == after[k], k
+    assert before["source"].numel() > 0
+    b.vocoder.state()["source"].add_(1e-3)                # corrupt the source history only
+    ua, ub = a.speak(tokens_for(1, 25)), b.speak(tokens_for(1, 25))
+    assert ua.sha256() != ub.sha256()
+    assert {n: b.arena[n].data_ptr() for n in names} == ptrs

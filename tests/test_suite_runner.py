@@ -171,7 +171,7 @@ def workload(turns=2, speak_per_turn=4, **spec) -> FakeWorkload:
 # --- records ---------------------------------------------------------------------------------
 RECORD_FIELDS = {"index", "kind", "turn", "final", "t_start_s", "payload", "payload_size", "samples",
                  "tail_ms", "wall_ms", "measured", "sha256_f32", "sha256_pcm16", "std", "clipped_frac",
-                 "stats", "info"}
+                 "stats", "info", "kernels"}
 
 
 def test_records_have_all_fields(fake_adapter):

@@ -11,6 +11,11 @@ Python runs once and its kernels are recorded, not run; at replay only the kerne
 advance outside the step, in the adapter. Anything not capturable (torch.istft's NOLA check, `.item()`,
 `.cpu()`, host-to-device copies of fresh CPU tensors) stays outside, between graph segments.
 
+All graphs of a session share one memory pool, so a graph's intermediates may sit where another graph's
+output lives. An output is therefore safe only until the next replay of any graph of the session: an
+output that must outlive other replays (e.g. the flow's mel, read block by block while the vocoder's
+graphs replay) is written into the arena by the step and returned as an arena view.
+
 On CPU (or with enabled=False) every call runs eagerly and is counted as such; the same code path runs
 on both devices. Mirrors the idea of vLLM's CudagraphDispatcher (capture keyed by a descriptor) and
 moshi's CUDAGraphed (utils/compile.py L190-280), without padding and with many keys.

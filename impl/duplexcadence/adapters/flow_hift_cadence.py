@@ -19,8 +19,13 @@ Same kernels as the stock session: `CausalMaskedDiffWithXvec.inference_chunk` (f
   are copied into a static buffer outside the graph. The DiT timestep embedding builds its frequency
   table on the host and copies it to the device every call (decoder_dit.py L177-195), which cannot be
   captured; during a cadence step `t_embedder.timestep_embedding` computes the same table the same way
-  once and keeps it on the device (same bytes; tests compare). The vocoder (host offsets, CPU noise
-  table gather, torch.istft's NOLA check) stays eager and stock.
+  once and keeps it on the device (same bytes; tests compare). The flow step writes its mel into the
+  arena (`flow_mel`), where the vocoder reads it block by block.
+* The vocoder runs on the arena too (bounded_vocoder_cadence.ArenaVocoder: mel/source history, phase, host
+  offsets; one graph per 16-frame block signature, torch.istft eager between them). `vocoder="stock"`
+  keeps the stock eager BoundedVocoder instead (for measurement).
+* `prepare()` (run at session open on CUDA) captures a voice's turn-start, ramp and steady graphs with
+  synthetic turns before the first real one; start_turn() restores the voice state afterwards.
 
 Bit-exactness: every unit's float32 waveform and int16 PCM equal the stock session's (tests/ and the
 suite's verify mode check every unit).
@@ -34,6 +39,7 @@ import numpy as np
 import torch
 
 from duplexcadence.adapters import flow_hift as fh
+from duplexcadence.adapters.bounded_vocoder_cadence import ArenaVocoder
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import ClockError
 from duplexcadence.graphs import GraphCache
@@ -64,6 +70,11 @@ class _DeviceTimestepTable:
         return embedding
 
 
+PREPARE_TURNS = 2     # synthetic turns run at session open on CUDA (prepare)
+PREPARE_UNITS = 5     # full units per synthetic turn: first, ramp and steady shapes recur by the 4th
+PREPARE_SEED = 20261130
+
+
 class CadenceSession:
     """One duplex session on DuplexCadence: arena state, in-place trims, exact-shape graph replay.
 
@@ -74,7 +85,11 @@ class CadenceSession:
     """
 
     def __init__(self, t2w, prompt: fh.Prompt, *, graphs: bool | None = None, strict: bool = False,
-                 arena_backend: str = "auto"):
+                 arena_backend: str = "auto", vocoder: str = "cadence", noise: str = "host",
+                 prepare_turns: int | None = None):
+        if vocoder not in ("cadence", "stock"):
+            raise ValueError(f"vocoder: expected 'cadence' (arena + graphs) or 'stock' (eager BoundedVocoder), "
+                             f"got {vocoder!r}")
         self.t2w = t2w
         self.prompt = prompt
         self.device = torch.device(t2w.device)
@@ -109,6 +124,15 @@ class CadenceSession:
         a.declare("conformer_cnn", (1, 512, 6), dtype)
         a.declare("dit_att_scratch", (depth, 2, heads, Lmax, dk2), dtype)
         a.declare("dit_cnn_scratch", (depth, 2, 1024, 2), dtype)
+        # The flow step's mel output lives in the arena, not in the graph pool: the vocoder reads it block
+        # by block while its own graphs replay, and a graph-pool output of one graph may share memory with
+        # another graph's intermediates (graphs of one pool are safe only when each output is consumed
+        # before the next replay).
+        self._mel_channels = t2w.hift.conv_pre.in_channels
+        a.declare("flow_mel", (1, self._mel_channels, 2 * fh.MAX_CALL_TOKENS), dtype)
+        self.vocoder = ArenaVocoder(t2w, noise=noise) if vocoder == "cadence" else None
+        if self.vocoder is not None:
+            self.vocoder.declare(a)
         a.allocate()
         self._est_buf = a["estimator_att"].view((self.n_steps, depth, 2, heads, Lmax, dk2))
         self._est_cnn = a["estimator_cnn"].view((self.n_steps, depth, 2, 1024, 2))
@@ -118,6 +142,8 @@ class CadenceSession:
         self._shape_conf = (n_layers, 1, heads)
         # warmup=1: a signature's first occurrence runs eagerly (lazy initialisations outside capture).
         self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=a, warmup=1)
+        if self.vocoder is not None:
+            self.vocoder.attach(a, self.graphs)
         self._timestep = _DeviceTimestepTable()
         self._timestep(torch.zeros(2, device=self.device, dtype=dtype), dit.t_embedder.frequency_embedding_size)
         self._tokens: dict[int, torch.Tensor] = {}
@@ -125,6 +151,34 @@ class CadenceSession:
         self.buffer: list[int] | None = None
         self._hift: dict = {}
         self.turn = -1
+        if prepare_turns is None:
+            prepare_turns = PREPARE_TURNS if self.graphs.enabled else 0
+        self.prepared = self.prepare(prepare_turns) if prepare_turns else None
+
+    # --- ahead-of-time capture ---------------------------------------------------------------------
+    def prepare(self, turns: int = 2, units: int = PREPARE_UNITS) -> dict:
+        """Capture this voice's turn-start, ramp and steady graphs before the first real turn.
+
+        Runs `turns` synthetic turns of `units` full units (25 token ids each, from a fixed seeded
+        sequence; turns are not flushed). A signature is captured on its second occurrence (GraphCache
+        warmup=1), so two turns capture the turn-start shapes too; rare final-flush shapes are captured
+        on first use later. Nothing of it reaches a real turn: start_turn() restores every region from the
+        voice's base caches and resets the vocoder. Returns the graph counters' change.
+        Raises ValueError for turns < 0 or units < 1."""
+        if not isinstance(turns, int) or turns < 0 or not isinstance(units, int) or units < 1:
+            raise ValueError(f"prepare: expected turns >= 0 and units >= 1, got turns={turns!r}, units={units!r}")
+        before = self.graphs.stats.snapshot()
+        gen = torch.Generator().manual_seed(PREPARE_SEED)
+        for _ in range(turns):
+            self.start_turn()
+            for _ in range(units):
+                self.speak(torch.randint(0, fh.VOCAB_SIZE, (fh.CHUNK_TOKENS,), generator=gen).tolist())
+        self.len_conf = self.len_est = None
+        self.buffer = None
+        self.turn = -1
+        after = self.graphs.stats.snapshot()
+        return {k: after[k] - before[k] for k in ("captures", "replays", "eager_runs", "warmup_runs",
+                                                  "eager_fallbacks", "capture_failures")}
 
     # --- arena views ---------------------------------------------------------------------------
     def conformer_view(self, L: int) -> torch.Tensor:
@@ -152,6 +206,8 @@ class CadenceSession:
             self._conf_cnn.copy_(self._base_flow["conformer_cnn_cache"])
         self.len_conf = self.len_est = P
         self._hift = fh.clone_recursive(self._base_hift)   # vocoder state (stock BoundedVocoder cache dict)
+        if self.vocoder is not None:
+            self.vocoder.reset()                             # the same state, in the arena
         self.buffer = [fh.SILENCE_TOKEN] * fh.PRE_LOOKAHEAD
         self.turn += 1
 
@@ -172,6 +228,7 @@ class CadenceSession:
 
     def stats(self) -> dict:
         out = self.graphs.stats.snapshot()
+        out["prepared"] = self.prepared
         out.update(arena_backend=self.arena.backend, arena_fallback=self.arena.fallback,
                    arena_bytes_reserved=self.arena.bytes_reserved, arena_bytes_mapped=self.arena.bytes_mapped,
                    graph_pool_bytes=self.graphs.pool_bytes, graphs=len(self.graphs.entries))
@@ -201,8 +258,11 @@ class CadenceSession:
         else:  # an empty final call only flushes the vocoder (token2wav.py L271-273)
             mel = self._hift["mel"][:, :, :0]
         with torch.inference_mode():
-            self.t2w.hift_cache_dict = self._hift        # several sessions may share one Token2wav
-            speech = self.t2w._stream_vocode(mel, last_chunk)
+            if self.vocoder is not None:
+                speech = self.vocoder.stream_vocode(mel, last_chunk)
+            else:
+                self.t2w.hift_cache_dict = self._hift        # several sessions may share one Token2wav
+                speech = self.t2w._stream_vocode(mel, last_chunk)
         return speech.cpu().numpy()
 
     @contextmanager
@@ -236,7 +296,9 @@ class CadenceSession:
             self._keep_conformer(new["conformer_att_cache"])
             self._conf_cnn.copy_(new["conformer_cnn_cache"])
             self._keep_estimator(new["estimator_att_cache"].shape[4])
-        return mel
+            out = self.arena["flow_mel"].view(tuple(mel.shape))
+            out.copy_(mel)
+        return out
 
     def _keep_conformer(self, new: torch.Tensor) -> None:
         """Write the grown conformer cache (a fresh tensor from the encoder) into the arena, trimmed as

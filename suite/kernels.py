@@ -1,0 +1,95 @@
+"""Kernel launches and GPU kernel-busy time of one call, from the CUDA profiler (CUPTI via torch.profiler).
+
+`profile_call(fn, *args)` runs `fn` once under `torch.profiler.profile` (CPU + CUDA activities), exports
+the Chrome trace and counts, from it:
+
+* ``launch_calls``: host API calls that launch work, by name: cudaLaunchKernel / cudaLaunchKernelExC /
+  cuLaunchKernel / cuLaunchKernelEx (one kernel each), cudaGraphLaunch (one whole graph),
+  cudaMemcpyAsync / cudaMemsetAsync. ``kernel_launches`` = the kernel-launching calls (graph replays
+  excluded), ``graph_launches`` = cudaGraphLaunch calls.
+* ``kernels``: kernels that ran on the GPU (those inside a replayed graph included, as CUPTI reports them).
+* ``kernel_busy_ms``: the union of the kernels' [start, end) intervals on the GPU timeline (overlaps
+  counted once); ``gpu_busy_ms`` adds memcpy/memset intervals.
+* ``wall_ms``: host time of the profiled call (profiler overhead included, so not a speed figure).
+
+Profiling slows the host side; the suite profiles units that are excluded from the timing statistics.
+On CPU the call runs unprofiled and the counts are None. Source: torch.profiler (kineto) trace format,
+categories "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver".
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import torch
+
+KERNEL_LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                      "cudaLaunchCooperativeKernel")
+GRAPH_LAUNCH_APIS = ("cudaGraphLaunch", "cuGraphLaunch")
+COPY_APIS = ("cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemcpy", "cudaMemset")
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    """Total length (ms) of the union of [start, end) intervals given in microseconds."""
+    total, end_max = 0.0, None
+    for start, end in sorted(intervals):
+        if end_max is None or start >= end_max:
+            total += end - start
+            end_max = end
+        elif end > end_max:
+            total += end - end_max
+            end_max = end
+    return total / 1000.0
+
+
+def summarize_trace(events: list[dict]) -> dict:
+    """Counts and busy times from Chrome-trace events (the dicts of a kineto trace's "traceEvents")."""
+    calls: dict[str, int] = {}
+    kernels, copies = [], []
+    for ev in events:
+        if ev.get("ph") != "X":
+            continue
+        cat, name = ev.get("cat", ""), ev.get("name", "")
+        if cat in ("cuda_runtime", "cuda_driver"):
+            if name in KERNEL_LAUNCH_APIS + GRAPH_LAUNCH_APIS + COPY_APIS:
+                calls[name] = calls.get(name, 0) + 1
+        elif cat == "kernel":
+            kernels.append((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0))))
+        elif cat in ("gpu_memcpy", "gpu_memset"):
+            copies.append((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0))))
+    return {"launch_calls": calls,
+            "kernel_launches": sum(calls.get(n, 0) for n in KERNEL_LAUNCH_APIS),
+            "graph_launches": sum(calls.get(n, 0) for n in GRAPH_LAUNCH_APIS),
+            "kernels": len(kernels),
+            "kernel_busy_ms": _union_ms(kernels),
+            "gpu_busy_ms": _union_ms(kernels + copies)}
+
+
+def profile_call(fn, *args, device: torch.device | str = "cuda", **kwargs):
+    """Run fn(*args, **kwargs) once under the CUDA profiler. Returns (fn's result, summary dict or None).
+
+    None on a non-CUDA device (the call still runs). The device is synchronized before the profiler
+    stops, so every kernel the call queued is in the trace."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return fn(*args, **kwargs), None
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        torch.cuda.synchronize(device)
+        wall = (time.perf_counter() - t0) * 1000.0
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    finally:
+        os.unlink(path)
+    summary = summarize_trace(events)
+    summary["wall_ms"] = wall
+    return out, summary
