@@ -175,14 +175,19 @@ def speedup_table(data: dict) -> str:
         steps = (rec or {}).get("parameters", {}).get("euler_steps")
         if sp is None:
             rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"), DASH, DASH,
-                         f"not measured ({_status(e, 'verify')})", DASH])
+                         f"not measured ({_status(e, 'verify')})", DASH, DASH, DASH])
             continue
         s, c = sp["stock"], sp["cadence"]
+        ms, mc = (rec["modes"][m]["metrics"] for m in ("stock", "cadence"))
         rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"),
                      f"{s[1]:.1f} [{s[0]:.1f}-{s[2]:.1f}]", f"{c[1]:.1f} [{c[0]:.1f}-{c[2]:.1f}]",
-                     f"{sp['x']:.2f}x [{sp['lo']:.2f}-{sp['hi']:.2f}]", str(sp["units"])])
+                     f"{sp['x']:.2f}x [{sp['lo']:.2f}-{sp['hi']:.2f}]", str(sp["units"]),
+                     f"{_f(ms.get('kernel_launches_per_unit_p50'), '.0f')} -> "
+                     f"{_f(mc.get('kernel_launches_per_unit_p50'), '.0f')}",
+                     _f(mc.get("tail_over_kernel_busy_x"), ".2f")])
     return _table(rows, ["workload", "Euler steps", "paper", "stock tail ms p50 [p10-p90]",
-                         "cadence tail ms p50 [p10-p90]", "ours: speedup p50 [band]", "units measured"])
+                         "cadence tail ms p50 [p10-p90]", "ours: speedup p50 [band]", "units measured",
+                         "kernel launches / unit, stock -> cadence", "cadence tail / kernel-busy"])
 
 
 def memory_table(data: dict) -> str:
