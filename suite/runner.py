@@ -484,8 +484,11 @@ def _mode_result(workload, mode, device, depth, params, seeds, prov, det, sample
 
 def run_workload(workload, mode: str, device, *, depth: str = "released", seconds: float | None = None,
                  max_speak_units: int | None = None, steps: int | None = None, seed: int | None = None,
-                 progress: bool = True, command: list[str] | None = None) -> RunResult:
+                 progress: bool = True, command: list[str] | None = None,
+                 profile_units: int | None = None) -> RunResult:
     """Build the workload's model, run one `mode` session over its script, measure every unit.
+    profile_units: SPEAK units run under the CUDA profiler at the end (run_session; 0: none, e.g. for a
+    memory-only run).
 
     mode: "stock" | "cadence" | another mode the adapter declares (e.g. mimi's "stock_graphs").
     depth: "released" | "reduced" (passed to build_model). seconds / max_speak_units cut the script
@@ -499,7 +502,7 @@ def run_workload(workload, mode: str, device, *, depth: str = "released", second
     with env.deterministic() as det:
         model, probe = _build(adapter, spec, device, depth, seeds)
         out = run_session(adapter, model, mode, spec, units, device, probe=probe,
-                          label=f"{workload.name} {mode}", progress=progress)
+                          label=f"{workload.name} {mode}", progress=progress, profile_units=profile_units)
     result = _mode_result(workload, mode, device, depth, params, seeds, prov, det, rate, out, limited)
     if progress:
         print(summary_table(result))

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.harness == "verify":
             result = runner.verify(workload, args.device, **kwargs)
         else:
-            result = runner.run_workload(workload, args.mode, args.device, **kwargs)
+            # a memory stage: no profiler (its buffers would count in the driver-level figures)
+            result = runner.run_workload(workload, args.mode, args.device, profile_units=0, **kwargs)
     except runner.ModeUnavailable as exc:
         print(f"unavailable: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
