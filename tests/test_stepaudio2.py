@@ -23,9 +23,10 @@ VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prom
 STEPS = 2
 # Three turns on the same caches (upstream never resets them). Calls (tokens, last_chunk):
 # turn 0: -, 28 (the session's first call: no HiFT history), 28 (DiT cache ramps P -> P+100), 28 (DiT cache
-#         steady at P+100), flush 19; turn 1: flush 2 (fewer than 3 tokens); turn 2: -, 28, 28 + flush 7.
-TURNS = [[16, 25, 25, 25, 3], [2], [10, 20, 27]]
-EXPECTED_CALLS = [[], [28], [28], [28], [19], [2], [], [28], [28, 7]]
+#         steady at P+100), 28 + flush 6 (two calls in one unit); turn 1: flush 2 (fewer than the 3-token
+#         lookahead); turn 2: flush 19 (no regular call in the turn).
+TURNS = [[16, 25, 25, 25, 15], [2], [9, 10]]
+EXPECTED_CALLS = [[], [28], [28], [28], [28, 6], [2], [], [19]]
 
 
 def tokens_for(unit: int, n: int) -> list[int]:
@@ -113,7 +114,7 @@ def test_multi_turn_bit_exact_every_call_kind(runs, model):
             assert a.samples == 0
     # first call: 50 frames - 3840 held back; a steady call 24 000; flush n: all of (8 + 2n) frames
     assert [o.samples for o in runs["stock_out"]][1:3] == [20160, 24000]
-    assert runs["stock_out"][5].samples == (8 + 4) * 480
+    assert runs["stock_out"][5].samples == (8 + 4) * 480 and runs["stock_out"][7].samples == (8 + 38) * 480
     P = model.prompt.mel_frames
     lens = [s["len_est"] for s in runs["seen"]]
     assert lens[:4] == [P, P + 50, P + 100, P + 100]          # DiT cache: ramp, then steady (trimmed)
@@ -154,30 +155,30 @@ def _same(a, b):
 
 
 def test_position_table_limit_rejected_before_any_change(model, monkeypatch):
-    """With the encoder's table cut to 230 positions (same values as max_len=230), the third 28-token call
-    would read 250: cadence raises ClockError naming the region, bound and value, with its state, buffer,
+    """With the encoder's table cut to 180 positions (same values as max_len=180), the second 28-token call
+    would read 200: cadence raises ClockError naming the region, bound and value, with its state, buffer,
     clocks and generator untouched; the stock driver breaks inside the encoder on the same unit."""
     pos = model.t2w.flow.encoder.embed.pos_enc
     pe, c = pos.pe, pos.pe.size(1) // 2
-    limit = 230
+    limit = 180
     monkeypatch.setattr(pos, "pe", pe[:, c - (limit - 1): c + limit])
     assert sa.position_limit(model.t2w.flow) == limit
-    # 28-token calls at units 1 and 2 (L = 100 -> 150 -> 200); the one at unit 3 would reach 250.
+    # a 28-token call at unit 1 (L = 100 -> 150); the one at unit 2 would reach 200.
     cad = sa.new_session(model, "cadence")
     cad.start_turn()
-    for unit in range(3):
+    for unit in range(2):
         cad.speak(tokens_for(unit, 25))
-    assert cad.len_conf == 200
+    assert cad.len_conf == 150
     before = _snapshot(cad)
-    with pytest.raises(ClockError, match=r"conformer_att.*250.*230.*position table"):
-        cad.speak(tokens_for(3, 25))
+    with pytest.raises(ClockError, match=r"conformer_att.*200.*180.*position table"):
+        cad.speak(tokens_for(2, 25))
     _same(before, _snapshot(cad))
     stock = sa.new_session(model, "stock")
     stock.start_turn()
-    for unit in range(3):
+    for unit in range(2):
         stock.speak(tokens_for(unit, 25))
-    with pytest.raises(Exception):
-        stock.speak(tokens_for(3, 25))
+    with pytest.raises(RuntimeError, match="size|shape|dimension"):
+        stock.speak(tokens_for(2, 25))
 
 
 def test_bad_input_leaves_state_unchanged(model):
@@ -216,13 +217,27 @@ def test_negative_controls_fail_the_check(runs, model):
 
 def test_released_config_three_units_bit_exact():
     """The released flow (6+4 conformer blocks, 16-layer DiT) and HiFT (HiFTGenerator() defaults) on three
-    units (no call; the first 28-token call; a 25-token flush), 1 Euler step to keep the CPU time down."""
+    units (no call; the first 28-token call; a 3-token flush), 1 Euler step to keep the CPU time down."""
     m = fh.build_model({"variant": "stepaudio2", "n_timesteps": 1, "voice_prompt": str(VOICE),
                         "prompt_seconds": 2.0}, depth="released", seed=0)
     assert len(m.t2w.flow.encoder.encoders) == 6 and len(m.t2w.flow.decoder.estimator.blocks) == 16
-    units = [[25, 25, 0]]
+    units = [[25, 3, 0]]
     a, b = run(sa.new_session(m, "stock"), units), run(sa.new_session(m, "cadence"), units)
-    assert [o.info["calls"] for o in a] == [[], [28], [25]]
+    assert [o.info["calls"] for o in a] == [[], [28], [3]]
     for unit, (x, y) in enumerate(zip(a, b)):
         compare_units("stepaudio2-released", unit, x, y)
     assert a[1].waveform.std() > 1e-4
+
+
+def test_graphed_decoder_routing_is_bit_exact_on_cpu(runs, model, monkeypatch):
+    """The graphs=True path's routing of `decoder.forward_chunk` (static input buffers, keyword call, DiT
+    signature) run eagerly on the CPU: same bytes as stock; signatures are (mel frames, DiT length)."""
+    cad = sa.new_session(model, "cadence")
+    sigs = []
+    monkeypatch.setattr(cad.graphs, "enabled", True)
+    monkeypatch.setattr(cad.graphs, "run", lambda sig, step: (sigs.append(sig), step())[1])
+    cad.start_turn()
+    outs = [cad.speak(tokens_for(0, 16)), cad.speak(tokens_for(1, 25))]
+    compare_units("stepaudio2-reduced", 1, runs["stock_out"][1], outs[1])
+    assert sigs == [("dit", 50, model.prompt.mel_frames, STEPS)]
+    assert "forward_chunk" not in vars(model.t2w.flow.decoder)      # the stock method is back
