@@ -489,6 +489,10 @@ def turn_schedule(prompt_frames: int, calls: list) -> list:
 
 
 # --- adapter contract (duplexcadence.runtime) ----------------------------------------------------
+#: Workload spec variants this adapter runs besides MiniCPM-o's own path (suite.asv.common reads it).
+VARIANTS = ("stepaudio2",)
+
+
 @dataclass
 class Model:
     """One stock Token2wav instance and its prepared voice prompt, shared by every session."""
