@@ -249,6 +249,15 @@ def main(argv=None) -> int:
             mem = (results[m]["mark"] or {}).get("driver_used_minus_before_mib")
             if mem is not None:
                 print(f"memory at the mark, {m} / stock: {mem / s_mark:.2f} (target <= 0.50)")
+    for m in modes[1:]:
+        st = results[m]["stats"] or {}
+        print(f"{m}: arena {st.get('arena_backend')}, graphs {st.get('graphs')}, captures {st.get('captures')}, "
+              f"replays {st.get('replays')}, eager fallbacks {st.get('eager_fallbacks')}, graph pool "
+              f"{(st.get('graph_pool_bytes') or 0) / MIB:.1f} MiB, conformer {st.get('conformer_frames')} frames")
+    pm = (record["per_minute"].get("cadence") or {})
+    if pm:
+        print(f"arena mapped growth {pm['mapped_growth_mib_per_minute']:.1f} MiB per minute of speech, "
+              f"reserved {pm['reserved_mib']:.0f} MiB")
     print("PASS: every unit byte-identical, generator offsets equal" if ok else "FAIL: see comparisons in the json")
     return 0 if ok else 1
 
