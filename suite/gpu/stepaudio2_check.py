@@ -225,7 +225,8 @@ def main(argv=None) -> int:
     path.write_text(json.dumps(record, indent=1, default=str))
     ok = all(not c["bytes_mismatch"] and not c["rng_mismatch"] for c in comparisons.values())
 
-    print(f"\nStep-Audio 2 mini tail, {device} ({env.device_short_name(prov.get('device') or {})}), depth {args.depth}, "
+    name = env.device_short_name(prov.get("device") or {})
+    print(f"\nStep-Audio 2 mini tail, {device} ({name}), depth {args.depth}, "
           f"{args.steps} steps, P = {P} mel frames, turn 0 = {args.units} units; json: {path}")
     s_ms = results["stock"]["ms_steady"].get("p50")
     s_mark = (results["stock"]["mark"] or {}).get("driver_used_minus_before_mib")

@@ -110,7 +110,8 @@ class CadenceSession(_FlowCadence):
             self._conf_cnn.copy_(base["conformer_cnn_cache"])
         if base["conformer_att_cache"].shape[3] != self.P or base["estimator_att_cache"].shape[4] != self.P:
             raise RuntimeError(f"set-up caches: expected {self.P} frames, got "
-                               f"{tuple(base['conformer_att_cache'].shape)} / {tuple(base['estimator_att_cache'].shape)}")
+                               f"{tuple(base['conformer_att_cache'].shape)} / "
+                               f"{tuple(base['estimator_att_cache'].shape)}")
         del base
         t2w.stream_cache = None                        # the stock instance holds nothing of this session
         self.len_conf = self.len_est = self.P          # host clocks (mel frames)
