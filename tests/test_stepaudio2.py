@@ -65,7 +65,8 @@ def model():
 @pytest.fixture(scope="module")
 def runs(model):
     """Stock then cadence over TURNS; the cadence run records its region addresses and clocks per unit."""
-    stock = sa.new_session(model, "stock")
+    stock = fh.new_session(model, "stock")          # through flow_hift, as the suite's runner opens it
+    assert isinstance(stock, sa.StockSession)
     stock_out = run(stock)
     seen = []
 
@@ -74,7 +75,7 @@ def runs(model):
                      "conf_ptr": s.conformer_view(s.len_conf).data_ptr(), "len_conf": s.len_conf,
                      "len_est": s.len_est, "mapped": s.arena.bytes_mapped})
 
-    cad = sa.new_session(model, "cadence")
+    cad = fh.new_session(model, "cadence")
     cad_out = run(cad, observe=observe)
     return {"stock": stock, "cadence": cad, "stock_out": stock_out, "cad_out": cad_out, "seen": seen}
 
@@ -192,6 +193,10 @@ def test_bad_input_leaves_state_unchanged(model):
         with pytest.raises(InputError, match=what):
             cad.speak(bad)
         _same(before, _snapshot(cad))
+    for s in (cad, sa.new_session(model, "stock")):
+        s.close()
+        with pytest.raises(InputError, match="closed"):
+            s.start_turn()
 
 
 def test_negative_controls_fail_the_check(runs, model):

@@ -154,6 +154,7 @@ def run_mode(model, mode: str, turns, device, args, driver) -> dict:
                         "conformer_frames": st.get("conformer_frames"), **torch_mem(device)}
             units.append(rec)
     stats = session.stats()
+    session.close()                       # drop its caches from the shared model / unmap its arena
     del session
     gc.collect()
     steady = [u["ms"] for u in units if u["turn"] == 0 and 3 <= u["unit_in_turn"] < len(turns[0]) - 1]

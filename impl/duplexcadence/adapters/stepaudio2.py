@@ -344,8 +344,22 @@ class StockSession:
                 "estimator_frames": int(self._flow_cache["estimator_att_cache"].shape[4]),
                 "calls": self.calls_made}
 
+    def close(self) -> None:
+        """Drop this session's caches from the shared instance (the runner calls it after the session), so
+        that a later session's memory is measured without them. The session cannot speak afterwards."""
+        t2w = self.t2w
+        if t2w.stream_cache is self._flow_cache:
+            t2w.stream_cache = None
+        if t2w.hift_cache_dict is self._hift_cache:
+            t2w.hift_cache_dict = {}
+        self._flow_cache = self._hift_cache = None
+        self.buffer = None
+
     def start_turn(self) -> None:
-        """A new response: empty token buffer (ex L5); flow and HiFT caches carry over (no reset upstream)."""
+        """A new response: empty token buffer (ex L5); flow and HiFT caches carry over (no reset upstream).
+        Raises InputError on a closed session."""
+        if self._flow_cache is None:
+            raise InputError("start_turn: the session is closed")
         self.buffer = []
         self.turn += 1
 
@@ -359,6 +373,8 @@ class StockSession:
         """
         if self.buffer is None:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
+        if self._flow_cache is None:
+            raise InputError("speak: the session is closed")
         tokens = check_unit_tokens(tokens)
         calls, rest = plan_calls(self.buffer, tokens, final)
         t2w = self.t2w

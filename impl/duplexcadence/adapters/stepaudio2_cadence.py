@@ -124,6 +124,7 @@ class CadenceSession(_FlowCadence):
         self.buffer: list[int] | None = None
         self.turn = -1
         self.calls_made = 0
+        self.closed = False
 
     # --- views -------------------------------------------------------------------------------------
     def state_tensors(self) -> dict:
@@ -143,9 +144,29 @@ class CadenceSession(_FlowCadence):
                    position_limit=self.limit, calls=self.calls_made)
         return out
 
+    def close(self) -> None:
+        """Release the session's graphs, arena views and memory (VMM: unmap and free the range). The
+        session cannot speak afterwards; stats() still answers (0 bytes mapped)."""
+        if self.closed:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.graphs.entries.clear()
+        self._static.clear()
+        self._est_buf = self._est_cnn = self._conf_cnn = self._dit_att = self._dit_cnn = None
+        self._hift_mel = self._hift_source = self._hift_speech = None
+        vmm, self.arena._block = self.arena._vmm, None
+        if vmm is not None:
+            vmm.close()
+        self.buffer = None
+        self.closed = True
+
     # --- turn and unit -----------------------------------------------------------------------------
     def start_turn(self) -> None:
-        """A new response: an empty token buffer (ex L5); the caches carry over, as upstream's do."""
+        """A new response: an empty token buffer (ex L5); the caches carry over, as upstream's do.
+        Raises InputError on a closed session."""
+        if self.closed:
+            raise InputError("start_turn: the session is closed")
         self.buffer = []
         self.turn += 1
 
