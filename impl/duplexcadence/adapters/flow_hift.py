@@ -489,6 +489,10 @@ def turn_schedule(prompt_frames: int, calls: list) -> list:
 
 
 # --- adapter contract (duplexcadence.runtime) ----------------------------------------------------
+#: Workload spec variants this adapter runs besides MiniCPM-o's own path (suite.asv.common reads it).
+VARIANTS = ("stepaudio2",)
+
+
 @dataclass
 class Model:
     """One stock Token2wav instance and its prepared voice prompt, shared by every session."""
@@ -498,7 +502,11 @@ class Model:
 
 
 def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int = 0) -> Model:
-    """spec: n_timesteps (5 or 10), voice_prompt (WAV path), prompt_seconds, checkpoint (optional dir)."""
+    """spec: n_timesteps (5 or 10), voice_prompt (WAV path), prompt_seconds, checkpoint (optional dir).
+    spec variant "stepaudio2": Step-Audio 2 mini's tail instead (adapters/stepaudio2.py)."""
+    if spec.get("variant") == "stepaudio2":
+        from duplexcadence.adapters import stepaudio2
+        return stepaudio2.build_model(spec, device=device, depth=depth, seed=seed)
     if depth not in ("released", "reduced"):
         raise ValueError(f"depth: expected 'released' or 'reduced', got {depth!r}")
     t2w = build_token2wav(spec.get("checkpoint"), n_timesteps=int(spec.get("n_timesteps", 10)),
@@ -510,6 +518,9 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
 
 def new_session(model: Model, mode: str, spec: dict | None = None):
     """mode: "stock" (StockSession) or "cadence" (flow_hift_cadence.CadenceSession)."""
+    if model.spec.get("variant") == "stepaudio2":
+        from duplexcadence.adapters import stepaudio2
+        return stepaudio2.new_session(model, mode, spec)
     if mode == "stock":
         return StockSession(model.t2w, model.prompt)
     if mode == "cadence":

@@ -1,0 +1,248 @@
+"""Step-Audio 2 mini tail: DuplexCadence vs the upstream-driver stock session on the CPU (eager cadence path:
+arena views, a KeepAll conformer region growing at a stable address, in-place estimator trim, HiFT caches
+in the arena). Any differing byte on any unit fails, naming the unit. Stock and cadence sessions run one
+after the other on one model; each seeds the default generator when it opens (the HiFT draws from it)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+from duplexcadence.adapters import flow_hift as fh  # noqa: E402
+from duplexcadence.adapters import stepaudio2 as sa  # noqa: E402
+from duplexcadence.clocks import ClockError, KeepAll  # noqa: E402
+from duplexcadence.runtime import BitMismatch, InputError, compare_units  # noqa: E402
+
+VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / \
+    "librispeech_8297-275156-0011_24k.wav"
+STEPS = 2
+# Three turns on the same caches (upstream never resets them). Calls (tokens, last_chunk):
+# turn 0: -, 28 (the session's first call: no HiFT history), 28 (DiT cache ramps P -> P+100), 28 (DiT cache
+#         steady at P+100), 28 + flush 6 (two calls in one unit); turn 1: flush 2 (fewer than the 3-token
+#         lookahead); turn 2: flush 19 (no regular call in the turn).
+TURNS = [[16, 25, 25, 25, 15], [2], [9, 10]]
+EXPECTED_CALLS = [[], [28], [28], [28], [28, 6], [2], [], [19]]
+
+
+def tokens_for(unit: int, n: int) -> list[int]:
+    return torch.randint(0, fh.VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(2000 + unit)).tolist()
+
+
+def script(turns=TURNS):
+    unit = 0
+    for t, turn in enumerate(turns):
+        for i, n in enumerate(turn):
+            yield t, unit, tokens_for(unit, n), i == len(turn) - 1
+            unit += 1
+
+
+def run(session, turns=TURNS, observe=None):
+    outs, open_turn = [], None
+    for t, unit, toks, final in script(turns):
+        if t != open_turn:
+            session.start_turn()
+            open_turn = t
+        outs.append(session.speak(toks, final=final))
+        if observe:
+            observe(session, unit)
+        if final:
+            open_turn = None
+    return outs
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(2)
+    return fh.build_model({"variant": "stepaudio2", "n_timesteps": STEPS, "voice_prompt": str(VOICE),
+                           "prompt_seconds": 2.0}, depth="reduced", seed=0)
+
+
+@pytest.fixture(scope="module")
+def runs(model):
+    """Stock then cadence over TURNS; the cadence run records its region addresses and clocks per unit."""
+    stock = fh.new_session(model, "stock")          # through flow_hift, as the suite's runner opens it
+    assert isinstance(stock, sa.StockSession)
+    stock_out = run(stock)
+    seen = []
+
+    def observe(s, unit):
+        seen.append({"ptrs": {n: r.data_ptr() for n, r in s.arena.regions.items()},
+                     "conf_ptr": s.conformer_view(s.len_conf).data_ptr(), "len_conf": s.len_conf,
+                     "len_est": s.len_est, "mapped": s.arena.bytes_mapped})
+
+    cad = fh.new_session(model, "cadence")
+    cad_out = run(cad, observe=observe)
+    return {"stock": stock, "cadence": cad, "stock_out": stock_out, "cad_out": cad_out, "seen": seen}
+
+
+def test_plan_calls_follows_the_upstream_buffer_loop():
+    """ex L20-27: stream buffer[:28] while >= 28 are buffered, keep buffer[25:], flush a non-empty rest."""
+    calls, rest = sa.plan_calls([], list(range(25)), False)
+    assert calls == [] and rest == list(range(25))
+    calls, rest = sa.plan_calls(rest, list(range(25, 50)), False)
+    assert [c.tokens for c in calls] == [list(range(28))] and rest == list(range(25, 50))
+    calls, rest = sa.plan_calls(rest, [1, 2, 3], True)
+    assert [(len(c.tokens), c.last_chunk) for c in calls] == [(28, False), (3, True)] and rest == []
+    assert sa.plan_calls([], [], True) == ([], [])          # nothing buffered: no flush call (ex L26)
+    assert [len(c.tokens) for c in sa.plan_calls([], list(range(60)), False)[0]] == [28, 28]
+
+
+def test_released_regions_and_hift_config():
+    sa.check_hift_config()                                   # HIFT_CONFIG == HiFTGenerator() defaults (t2w L45)
+    specs = {r.name: r for r in sa.regions(258)}
+    assert specs["conformer_att"].policy == KeepAll(sa.POSITION_TABLE)
+    assert specs["estimator_att"].policy.bound() == 258 + 100 + 54
+    assert specs["conformer_att"].step(4950, 50) == (5000, 5000)
+    with pytest.raises(ClockError, match="conformer_att.*5002.*5000"):
+        specs["conformer_att"].step(4950, 52)
+
+
+def test_multi_turn_bit_exact_every_call_kind(runs, model):
+    """Every unit's float32 waveform and int16 PCM byte-identical; the calls cover the first call, the DiT
+    ramp and steady lengths, flushes of 19, 2 and 7 tokens and units without a call."""
+    assert [o.info["calls"] for o in runs["stock_out"]] == EXPECTED_CALLS
+    for unit, (a, b) in enumerate(zip(runs["stock_out"], runs["cad_out"])):
+        compare_units("stepaudio2-reduced", unit, a, b)
+        assert a.info == b.info
+        if a.info["calls"]:
+            assert a.samples > 0 and a.waveform.std() > 1e-4
+        else:
+            assert a.samples == 0
+    # first call: 50 frames - 3840 held back; a steady call 24 000; flush n: all of (8 + 2n) frames
+    assert [o.samples for o in runs["stock_out"]][1:3] == [20160, 24000]
+    assert runs["stock_out"][5].samples == (8 + 4) * 480 and runs["stock_out"][7].samples == (8 + 38) * 480
+    P = model.prompt.mel_frames
+    lens = [s["len_est"] for s in runs["seen"]]
+    assert lens[:4] == [P, P + 50, P + 100, P + 100]          # DiT cache: ramp, then steady (trimmed)
+
+
+def test_conformer_region_grows_at_a_stable_address_and_matches_stock(runs, model):
+    """KeepAll: +2(n-3) frames per call, never trimmed, at one address for the whole session; every region
+    keeps its address; the final state equals stock's caches byte for byte."""
+    seen, P = runs["seen"], model.prompt.mel_frames
+    expect, L = [], P
+    for calls in EXPECTED_CALLS:
+        L += sum(sa.mel_advance(n, n != 28) for n in calls)     # 28-token calls are the non-final ones
+        expect.append(L)
+    assert [s["len_conf"] for s in seen] == expect and expect[-1] > P + 100 + 54
+    assert len({s["conf_ptr"] for s in seen}) == 1
+    assert all(s["ptrs"] == seen[0]["ptrs"] for s in seen)
+    cad, stock = runs["cadence"], runs["stock"]
+    state, caches = cad.state_tensors(), stock.caches
+    assert torch.equal(state["conformer_att"], caches["conformer_att_cache"])
+    assert torch.equal(state["estimator_att"], caches["estimator_att_cache"][:STEPS])
+    assert torch.equal(state["conformer_cnn"], caches["conformer_cnn_cache"])
+    for k in ("mel", "source", "speech"):
+        assert torch.equal(state[f"hift_{k}"], stock._hift_cache[k])
+    st = cad.stats()
+    assert st["arena_bytes_reserved"] >= cad.arena["conformer_att"].nbytes > 0
+    assert st["conformer_frames"] == expect[-1] and st["position_limit"] == sa.POSITION_TABLE
+
+
+def _snapshot(s):
+    return ({k: v.clone() for k, v in s.state_tensors().items()}, s.len_conf, s.len_est, dict(s.hift_len),
+            list(s.buffer) if s.buffer is not None else None, s.calls_made, torch.get_rng_state())
+
+
+def _same(a, b):
+    assert a[1:6] == b[1:6]
+    assert torch.equal(a[6], b[6])
+    assert a[0].keys() == b[0].keys() and all(torch.equal(a[0][k], b[0][k]) for k in a[0])
+
+
+def test_position_table_limit_rejected_before_any_change(model, monkeypatch):
+    """With the encoder's table cut to 180 positions (same values as max_len=180), the second 28-token call
+    would read 200: cadence raises ClockError naming the region, bound and value, with its state, buffer,
+    clocks and generator untouched; the stock driver breaks inside the encoder on the same unit."""
+    pos = model.t2w.flow.encoder.embed.pos_enc
+    pe, c = pos.pe, pos.pe.size(1) // 2
+    limit = 180
+    monkeypatch.setattr(pos, "pe", pe[:, c - (limit - 1): c + limit])
+    assert sa.position_limit(model.t2w.flow) == limit
+    # a 28-token call at unit 1 (L = 100 -> 150); the one at unit 2 would reach 200.
+    cad = sa.new_session(model, "cadence")
+    cad.start_turn()
+    for unit in range(2):
+        cad.speak(tokens_for(unit, 25))
+    assert cad.len_conf == 150
+    before = _snapshot(cad)
+    with pytest.raises(ClockError, match=r"conformer_att.*200.*180.*position table"):
+        cad.speak(tokens_for(2, 25))
+    _same(before, _snapshot(cad))
+    stock = sa.new_session(model, "stock")
+    stock.start_turn()
+    for unit in range(2):
+        stock.speak(tokens_for(unit, 25))
+    with pytest.raises(RuntimeError, match="size|shape|dimension"):
+        stock.speak(tokens_for(2, 25))
+
+
+def test_bad_input_leaves_state_unchanged(model):
+    cad = sa.new_session(model, "cadence")
+    with pytest.raises(InputError, match="no open turn"):
+        cad.speak([1, 2, 3])
+    cad.start_turn()
+    cad.speak(tokens_for(0, 20))
+    before = _snapshot(cad)
+    for bad, what in (([1, 6561], r"tokens\[1\].*6561"), ([1, "x"], r"tokens\[1\]"), (list(range(51)), "at most 50")):
+        with pytest.raises(InputError, match=what):
+            cad.speak(bad)
+        _same(before, _snapshot(cad))
+    for s in (cad, sa.new_session(model, "stock")):
+        s.close()
+        with pytest.raises(InputError, match="closed"):
+            s.start_turn()
+
+
+def test_negative_controls_fail_the_check(runs, model):
+    """The check can fail: (a) one corrupted conformer frame in the arena changes later units (the region
+    is really read); (b) a session whose generator starts elsewhere gives different HiFT noise."""
+    ref = runs["stock_out"]
+    bad = sa.new_session(model, "cadence")
+    bad.start_turn()
+    outs = [bad.speak(tokens_for(0, 16)), bad.speak(tokens_for(1, 25))]
+    with torch.inference_mode():
+        bad.conformer_view(bad.len_conf)[:, :, :, 3].add_(1.0)
+    outs.append(bad.speak(tokens_for(2, 25)))
+    compare_units("stepaudio2-reduced", 1, ref[1], outs[1])
+    with pytest.raises(BitMismatch, match="unit 2"):
+        compare_units("stepaudio2-reduced", 2, ref[2], outs[2])
+    from duplexcadence.adapters.stepaudio2_cadence import CadenceSession
+    other = CadenceSession(model.t2w, model.prompt, rng_seed=model.rng_seed + 1)
+    other.start_turn()
+    other.speak(tokens_for(0, 16))
+    with pytest.raises(BitMismatch, match="unit 1"):
+        compare_units("stepaudio2-reduced", 1, ref[1], other.speak(tokens_for(1, 25)))
+
+
+def test_released_config_three_units_bit_exact():
+    """The released flow (6+4 conformer blocks, 16-layer DiT) and HiFT (HiFTGenerator() defaults) on three
+    units (no call; the first 28-token call; a 3-token flush), 1 Euler step to keep the CPU time down."""
+    m = fh.build_model({"variant": "stepaudio2", "n_timesteps": 1, "voice_prompt": str(VOICE),
+                        "prompt_seconds": 2.0}, depth="released", seed=0)
+    assert len(m.t2w.flow.encoder.encoders) == 6 and len(m.t2w.flow.decoder.estimator.blocks) == 16
+    units = [[25, 3, 0]]
+    a, b = run(sa.new_session(m, "stock"), units), run(sa.new_session(m, "cadence"), units)
+    assert [o.info["calls"] for o in a] == [[], [28], [3]]
+    for unit, (x, y) in enumerate(zip(a, b)):
+        compare_units("stepaudio2-released", unit, x, y)
+    assert a[1].waveform.std() > 1e-4
+
+
+def test_graphed_decoder_routing_is_bit_exact_on_cpu(runs, model, monkeypatch):
+    """The graphs=True path's routing of `decoder.forward_chunk` (static input buffers, keyword call, DiT
+    signature) run eagerly on the CPU: same bytes as stock; signatures are (mel frames, DiT length)."""
+    cad = sa.new_session(model, "cadence")
+    sigs = []
+    monkeypatch.setattr(cad.graphs, "enabled", True)
+    monkeypatch.setattr(cad.graphs, "run", lambda sig, step: (sigs.append(sig), step())[1])
+    cad.start_turn()
+    outs = [cad.speak(tokens_for(0, 16)), cad.speak(tokens_for(1, 25))]
+    compare_units("stepaudio2-reduced", 1, runs["stock_out"][1], outs[1])
+    assert sigs == [("dit", 50, model.prompt.mel_frames, STEPS)]
+    assert "forward_chunk" not in vars(model.t2w.flow.decoder)      # the stock method is back
