@@ -1,0 +1,533 @@
+"""The live duplex path: SPEAK time against the one-second cadence, and sessions per GPU (issue 7).
+
+    python -m suite.duplex --workload minicpmo45 --device cuda --ar none|busy:30ms|standin \
+        --sessions 1,2,4,8 --seconds 60 --out results/<dir>
+
+For each workload, mode (stock, cadence) and session count N: build N sessions, warm each one up, admit
+them (`duplexcadence.scheduler`, admission from each session's arena + graph bytes), then run them
+together on the one-second cadence with staggered phases (session s starts at s/N seconds). Every SPEAK
+unit runs the AR stage (`suite.ar_stage`) and then the tail (`session.speak`); LISTEN units that carry a
+payload (Moshi decodes every frame) run the tail only. Per unit: SPEAK time (AR + tail, wall clock on
+the scheduler's clock), its AR and tail parts, CUDA-event time on CUDA, the miss flag and lateness
+(end - deadline). Per run: mean and p99 SPEAK time as a fraction of the cadence, miss rate over the units
+that ran, and every session's per-unit sha256 against the same session run alone (`reference`).
+Per mode: the largest N in the list with zero missed units (`max_zero_miss_sessions`).
+
+Sessions: DuplexCadence sessions share one model instance (weights and construction-time tables) and own
+an arena and a graph set each. Stock sessions run as a stock deployment would (`STOCK_SHARING`):
+MiniCPM-o gets one model instance per session (a deep copy: the same weights and tables) because stock
+Token2wav keeps its caches in module buffers (the DiT's static KV buffer) that sessions on one instance
+would overwrite; Moshi sessions share one MimiModel, each with its own moshi streaming states installed
+for its unit (moshi's `set_streaming_state`); Qwen3-Omni's Code2Wav is stateless and shared.
+
+Payloads: session s decodes the workload's script (tiled to cover --seconds) with its token / code ids
+shifted by 97 * (s mod variants), so sessions of different variants carry different data. The AR
+stage's tokens are discarded (the tail decodes the script), so output bytes stay comparable.
+
+Outputs in --out: duplex.json (provenance, parameters, every unit, metrics, verdict) and, unless
+--no-plots, <workload>_speak.png (per-unit SPEAK time vs the cadence line) and <workload>_miss_rate.png
+(miss rate vs sessions), stock and DuplexCadence on the same axes (`suite.duplex_plot`).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import gc
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from duplexcadence import runtime, scheduler
+from suite import env
+from suite.ar_stage import ARSpecError, make_ar
+from suite.memory import MemoryProbe
+from suite.runner import jsonable, make_spec, open_session, select_units
+
+SCHEMA = "duplexcadence.duplex/1"
+PERIOD_S = 1.0                 # the duplex cadence (DESIGN.md section 1)
+VARIANT_SHIFT = 97             # id shift per payload variant
+MIN_SECONDS = 60.0             # issue 7: zero misses "over 60 s"
+WARMUP_TURN_UNITS = 4          # SPEAK units of the warm-up turn (+ its final unit)
+MODES = ("stock", "cadence")
+
+#: How stock runs N sessions, per architecture (module docstring says why).
+STOCK_SHARING = {
+    "flow_hift": "instance_per_session",   # Token2wav's DiT/CFM caches are module buffers
+    "mimi": "shared_instance",             # per-session moshi streaming states, installed per unit
+    "code2wav": "shared_instance",         # stateless decoder; the caller keeps the context
+}
+
+
+# --- the units a session runs ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class DuplexUnit:
+    """One unit of one session: index (position in the tiled script), kind, turn key (repeat, turn),
+    final flag, payload (tokens or codes, variant-shifted; None without payload)."""
+    index: int
+    kind: str
+    turn: tuple | None
+    final: bool
+    payload: object
+
+
+def session_units(workload, seconds: float, variant: int = 0) -> list[DuplexUnit]:
+    """The workload's script (validated, `suite.runner.select_units`) tiled to cover `seconds` seconds,
+    ids shifted by VARIANT_SHIFT * variant modulo the vocabulary. Raises ValueError for seconds <= 0."""
+    if not isinstance(seconds, (int, float)) or seconds <= 0:
+        raise ValueError(f"seconds: expected a positive number, got {seconds!r}")
+    base = select_units(workload)
+    vocab = workload.payload_format.vocab
+    shift = VARIANT_SHIFT * variant
+    n = int(np.ceil(seconds / PERIOD_S))
+    out = []
+    for k in range(n):
+        rep, u = divmod(k, len(base))
+        u = base[u]
+        payload = u.tokens if u.tokens is not None else u.codes
+        if payload is not None and shift:
+            if u.tokens is not None:
+                payload = tuple((t + shift) % vocab for t in payload)
+            else:
+                payload = tuple(tuple((c + shift) % vocab for c in book) for book in payload)
+        out.append(DuplexUnit(k, u.kind, None if u.turn is None else (rep, u.turn), bool(u.final), payload))
+    return out
+
+
+# --- a session with its AR stage -------------------------------------------------------------------------
+class Driver:
+    """One session and its AR stage: `run_unit(unit)` does one unit's work and returns its record fields.
+    device: the session's device (CUDA: events on the current stream time the unit)."""
+
+    def __init__(self, session, ar, device, name: str):
+        self.session = session
+        self.ar = ar
+        self.device = torch.device(device)
+        self.name = name
+        self.turn = None
+
+    @staticmethod
+    def has_work(unit: DuplexUnit) -> bool:
+        return unit.kind == "SPEAK" or unit.payload is not None
+
+    def run_unit(self, unit: DuplexUnit) -> dict:
+        cuda = self.device.type == "cuda"
+        if cuda:
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            ev[0].record()
+        t0 = time.perf_counter()
+        if unit.kind == "SPEAK":
+            self.ar.run(seed=unit.index)
+        t1 = time.perf_counter()
+        out = self._tail(unit)
+        t2 = time.perf_counter()
+        if cuda:
+            ev[1].record()
+            ev[1].synchronize()
+        f32, i16 = out.sha256()
+        return {"ar_ms": (t1 - t0) * 1e3, "tail_ms": (t2 - t1) * 1e3,
+                "device_ms": float(ev[0].elapsed_time(ev[1])) if cuda else None,
+                "samples": out.samples, "sha256_f32": f32, "sha256_pcm16": i16}
+
+    def _tail(self, unit: DuplexUnit):
+        if unit.kind == "SPEAK":
+            if unit.turn != self.turn:
+                self.session.start_turn()
+                self.turn = unit.turn
+            out = self.session.speak(unit.payload, final=unit.final)
+            if unit.final:
+                self.turn = None
+            return out
+        return self.session.speak(unit.payload, final=False)
+
+    def warm_up(self, units: list[DuplexUnit]) -> None:
+        """Before the cadence starts: the AR stage once, then the session's own `prepare()` where it has
+        one (Moshi cadence: capture + restore), else, for turn-based decoders (flow_hift, code2wav), one
+        warm-up turn over the first WARMUP_TURN_UNITS SPEAK payloads plus a final unit (captures the
+        first / ramp / steady / final graphs; the next start_turn restores the voice's base state).
+        Stock Moshi (no turns, no prepare) is not warmed: a unit would advance its stream."""
+        self.ar.run(seed=-1)
+        if callable(getattr(self.session, "prepare", None)):
+            self.session.prepare()
+            return
+        if not hasattr(self.session, "start_turn") or not _turn_based(self.session):
+            return
+        speak = [u for u in units if u.kind == "SPEAK"]
+        if not speak:
+            return
+        finals = [u for u in speak if u.final]
+        body = [u for u in speak if not u.final][:WARMUP_TURN_UNITS]
+        self.session.start_turn()
+        for u in body:
+            self.session.speak(u.payload, final=False)
+        self.session.speak(finals[0].payload if finals else body[0].payload, final=True)
+        self.turn = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _turn_based(session) -> bool:
+    """True for sessions whose start_turn restores a base state (flow_hift, code2wav): their warm-up turn
+    leaves no trace. Moshi streams continuously."""
+    return not type(session).__module__.endswith(("mimi", "mimi_cadence"))
+
+
+# --- footprints ----------------------------------------------------------------------------------------
+def tensor_bytes(obj, exclude: set[int] | None = None) -> int:
+    """Bytes of the distinct tensor storages reachable from obj (modules' parameters and buffers, dicts,
+    lists, tuples, object attributes; 6 levels deep), skipping storages whose data_ptr is in `exclude`."""
+    return sum(_storages(obj, exclude or set()).values())
+
+
+def storage_ptrs(obj) -> set[int]:
+    """data_ptrs of the tensor storages reachable from obj (see tensor_bytes)."""
+    return set(_storages(obj, set()))
+
+
+def _storages(obj, exclude: set[int]) -> dict[int, int]:
+    found: dict[int, int] = {}
+    visited: set[int] = set()
+
+    def walk(o, depth):
+        if depth > 6 or o is None or isinstance(o, (str, bytes, int, float, bool, type)):
+            return
+        if isinstance(o, torch.Tensor):
+            try:
+                st = o.untyped_storage()
+                ptr = st.data_ptr()
+            except Exception:       # tensors without storage (e.g. meta)
+                return
+            if ptr and ptr not in exclude:
+                found[ptr] = max(found.get(ptr, 0), st.nbytes())
+            return
+        if id(o) in visited:
+            return
+        visited.add(id(o))
+        if isinstance(o, torch.nn.Module):
+            items = list(o.parameters()) + list(o.buffers())
+        elif isinstance(o, dict):
+            items = list(o.values())
+        elif isinstance(o, (list, tuple, set)):
+            items = list(o)
+        elif hasattr(o, "__dict__"):
+            items = list(vars(o).values())
+        else:
+            return
+        for v in items:
+            walk(v, depth + 1)
+
+    walk(obj, 0)
+    return found
+
+
+def footprint(session, mode: str, model, sharing: str) -> tuple[int, str]:
+    """(bytes, how) a session adds: cadence = arena bytes reserved + graph-pool bytes (session.stats());
+    stock = the tensors it owns, plus its whole model instance when stock runs one instance per session."""
+    stats = session.stats() if callable(getattr(session, "stats", None)) else {}
+    if mode != "stock" and "arena_bytes_reserved" in stats:
+        return int(stats["arena_bytes_reserved"]) + int(stats.get("graph_pool_bytes") or 0), \
+            "arena_bytes_reserved + graph_pool_bytes"
+    if sharing == "instance_per_session":
+        return tensor_bytes(session), "model instance + session tensors"
+    return tensor_bytes(session, exclude=storage_ptrs(model)), "session tensors (shared model excluded)"
+
+
+# --- one run of N sessions ------------------------------------------------------------------------------
+def stock_instances(model, n: int) -> list:
+    """n model instances for stock instance-per-session: the model itself, then deep copies (same
+    weights and construction-time tables, copied bytes)."""
+    return [model] + [copy.deepcopy(model) for _ in range(n - 1)]
+
+
+def metrics(units: list[dict], period_s: float = PERIOD_S) -> dict:
+    """Per-run statistics: SPEAK time (ms and fraction of the period: mean, p50, p99, max), miss rate and
+    misses over the units that ran, lateness of the latest unit (ms)."""
+    ran = [u for u in units if u["start_ms"] is not None]
+    speak = np.array([u["speak_ms"] for u in ran if u["kind"] == "SPEAK"], dtype=np.float64)
+    misses = sum(u["miss"] for u in ran)
+    out = {"units_run": len(ran), "speak_units": int(speak.size), "misses": int(misses),
+           "miss_rate": misses / len(ran) if ran else None,
+           "speak_misses": int(sum(u["miss"] for u in ran if u["kind"] == "SPEAK")),
+           "max_lateness_ms": max((u["lateness_ms"] for u in ran), default=None)}
+    if speak.size:
+        p = period_s * 1e3
+        out.update({"speak_ms_mean": float(speak.mean()), "speak_ms_p50": float(np.percentile(speak, 50)),
+                    "speak_ms_p99": float(np.percentile(speak, 99)), "speak_ms_max": float(speak.max()),
+                    "speak_frac_mean": float(speak.mean() / p), "speak_frac_p99": float(np.percentile(speak, 99) / p)})
+    return out
+
+
+def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar, device, seconds: float,
+                 policy: str = "edf", variants: int = 1, budget_bytes: int | None = None, clock=None,
+                 probe: MemoryProbe | None = None, progress: bool = True) -> dict:
+    """N sessions of one mode on the cadence. Returns the run record (units, metrics, admission,
+    memory, hashes per session). Raises AdmissionError (the record is not made) if a session does not fit."""
+    device = torch.device(device)
+    sharing = "shared_instance" if mode != "stock" else STOCK_SHARING[workload.architecture]
+    if probe is not None:
+        probe.begin_session()
+    sched = scheduler.CadenceScheduler(period_s=PERIOD_S, policy=policy, clock=clock, budget_bytes=budget_bytes)
+    instances = stock_instances(model, n) if sharing == "instance_per_session" else [model] * n
+    phases = scheduler.staggered_phases(n, PERIOD_S)
+    drivers, admission = [], []
+    for s in range(n):
+        units = session_units(workload, seconds, s % variants)
+        session = open_session(adapter, instances[s], mode, spec)
+        drv = Driver(session, ar, device, f"{workload.name}/{mode}/{s}")
+        drv.warm_up(units)
+        nbytes, how = footprint(session, mode, instances[s], sharing)
+        stream = torch.cuda.Stream(device) if (policy == "threads" and device.type == "cuda") else None
+        group = id(instances[s]) if (policy == "threads") else None
+        sched.admit(scheduler.Slot(drv.name, units, drv.run_unit, Driver.has_work, nbytes, phases[s],
+                                   group, stream))
+        drivers.append(drv)
+        admission.append({"session": s, "footprint_bytes": nbytes, "footprint_how": how,
+                          "variant": s % variants, "phase_s": phases[s]})
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    timings = sched.run()
+    wall_s = time.perf_counter() - t0
+    units = []
+    for t in timings:
+        rec = {"session": t.session, "index": t.index, "kind": t.kind,
+               "release_ms": t.release_s * 1e3, "deadline_ms": t.deadline_s * 1e3,
+               "start_ms": None if t.start_s is None else t.start_s * 1e3,
+               "end_ms": None if t.end_s is None else t.end_s * 1e3,
+               "speak_ms": None if t.service_s is None else t.service_s * 1e3,
+               "lateness_ms": None if t.lateness_s is None else t.lateness_s * 1e3, "miss": t.miss}
+        rec.update(t.output or {})
+        units.append(rec)
+    memory = {}
+    if probe is not None:
+        probe.observe()
+        memory = probe.end_session()
+    stats = [d.session.stats() if callable(getattr(d.session, "stats", None)) else None for d in drivers]
+    for d in drivers:
+        if callable(getattr(d.session, "close", None)):
+            d.session.close()
+    del drivers, instances
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    out = {"mode": mode, "sessions": n, "policy": policy, "stock_sharing": sharing if mode == "stock" else None,
+           "wall_s": wall_s, "admission": admission, "metrics": metrics(units), "memory": memory,
+           "session_stats": jsonable(stats), "units": units}
+    if progress:
+        m = out["metrics"]
+        print(f"  {workload.name} {mode:7s} N={n:3d}: SPEAK mean {m.get('speak_ms_mean', 0):7.1f} ms, "
+              f"p99 {m.get('speak_ms_p99', 0):7.1f} ms, misses {m['misses']}/{m['units_run']}", flush=True)
+    return out
+
+
+def session_hashes(run: dict) -> dict[int, list]:
+    """session -> [(index, sha256_f32, sha256_pcm16)] of the units that ran."""
+    out: dict[int, list] = {}
+    for u in run["units"]:
+        if u.get("sha256_f32"):
+            out.setdefault(u["session"], []).append((u["index"], u["sha256_f32"], u["sha256_pcm16"]))
+    return out
+
+
+def check_against_reference(run: dict, refs: dict[int, list], variants: int) -> list[str]:
+    """Mismatches of every session against the solo run of its variant (empty: all byte-identical)."""
+    bad = []
+    for s, rows in session_hashes(run).items():
+        ref = refs.get(s % variants)
+        if ref is None:
+            bad.append(f"session {s}: no solo reference for variant {s % variants}")
+            continue
+        if rows != ref:
+            first = next((a[0] for a, b in zip(rows, ref) if a != b), min(len(rows), len(ref)))
+            bad.append(f"{run['mode']} N={run['sessions']} session {s}: unit {first} differs from the same "
+                       f"session run alone")
+    return bad
+
+
+# --- the whole measurement --------------------------------------------------------------------------
+def parse_sessions(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (sorted, distinct). Raises ValueError naming --sessions."""
+    try:
+        ns = sorted({int(x) for x in str(text).split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--sessions: expected comma-separated ints >= 1 (e.g. 1,2,4), got {text!r}") from None
+    if not ns or ns[0] < 1:
+        raise ValueError(f"--sessions: expected comma-separated ints >= 1 (e.g. 1,2,4), got {text!r}")
+    return ns
+
+
+def max_zero_miss(runs: list[dict]) -> int | None:
+    """Largest N such that every run with N' <= N had zero misses (None if N = smallest already missed)."""
+    best = None
+    for r in sorted(runs, key=lambda r: r["sessions"]):
+        if r.get("refused") or r["metrics"]["misses"]:
+            break
+        best = r["sessions"]
+    return best
+
+
+def measure_workload(workload, *, device, ar_spec: str, sessions: list[int], seconds: float,
+                     modes=MODES, policy: str = "edf", variants: int = 1, depth: str = "released",
+                     steps: int | None = None, budget_mib: float | None = None, seed: int = 0,
+                     progress: bool = True) -> dict:
+    """Every mode x N for one workload on one model build. Returns the workload's record."""
+    device = torch.device(device)
+    adapter = runtime.adapter(workload.architecture)
+    spec = make_spec(workload, steps)
+    probe = MemoryProbe(device)
+    model = adapter.build_model(spec, device=device, depth=depth, seed=workload.seeds.get("weights", seed))
+    ar = make_ar(ar_spec, workload.name, device, depth=depth, seed=seed)
+    probe.model_loaded()
+    budget = None
+    if budget_mib is not None:
+        budget = int(budget_mib * 2 ** 20)
+    elif device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = int(free * 0.9)
+    out = {"workload": workload.name, "architecture": workload.architecture, "euler_steps": spec.get("n_timesteps"),
+           "ar": ar.describe(), "budget_bytes": budget, "modes": {}, "reference": {}, "invalid_reasons": []}
+    refs_by_mode = {}
+    for mode in modes:
+        runs, refs = [], {}
+        for v in range(min(variants, max(sessions))):
+            solo_needed = not (v == 0 and sessions[0] == 1)
+            if solo_needed:       # the same session run alone, on the cadence
+                solo = _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds)
+                refs[v] = session_hashes(solo)[0]
+        for n in sessions:
+            try:
+                run = run_sessions(workload, mode, n, model=model, adapter=adapter, spec=spec, ar=ar,
+                                   device=device, seconds=seconds, policy=policy, variants=variants,
+                                   budget_bytes=budget, probe=probe, progress=progress)
+            except scheduler.AdmissionError as exc:
+                runs.append({"mode": mode, "sessions": n, "refused": str(exc), "metrics": {"misses": None}})
+                if progress:
+                    print(f"  {workload.name} {mode} N={n}: refused: {exc}", flush=True)
+                break
+            if n == 1 and 0 not in refs:
+                refs[0] = session_hashes(run)[0]
+            run["mismatches"] = check_against_reference(run, refs, variants)
+            out["invalid_reasons"] += run["mismatches"]
+            runs.append(run)
+        out["modes"][mode] = {"runs": runs, "max_zero_miss_sessions": max_zero_miss(runs),
+                              "stock_sharing": STOCK_SHARING[workload.architecture] if mode == "stock" else
+                              "shared_instance (one arena + graph set per session)"}
+        refs_by_mode[mode] = refs
+        out["reference"][mode] = {str(v): len(r) for v, r in refs.items()}
+    if "stock" in refs_by_mode and "cadence" in refs_by_mode:
+        same = refs_by_mode["stock"].get(0) == refs_by_mode["cadence"].get(0)
+        out["cadence_equals_stock"] = same
+        if not same:
+            out["invalid_reasons"].append("cadence solo run differs from the stock solo run")
+    return out
+
+
+def _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds) -> dict:
+    """A run of one session of payload variant v alone (same as run_sessions with N=1, variant v)."""
+    units = session_units(workload, seconds, v)
+    session = open_session(adapter, model, mode, spec)
+    drv = Driver(session, ar, device, f"solo/{v}")
+    drv.warm_up(units)
+    sched = scheduler.CadenceScheduler(period_s=PERIOD_S)
+    sched.admit(scheduler.Slot(drv.name, units, drv.run_unit, Driver.has_work))
+    timings = sched.run()
+    if callable(getattr(session, "close", None)):
+        session.close()
+    return {"units": [{"session": 0, "index": t.index, **(t.output or {})} for t in timings]}
+
+
+def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
+    """The CLI's work: every workload, JSON and plots in args.out. Returns the record."""
+    import workloads
+
+    names = workloads.names() if args.workload == "all" else [w.strip() for w in args.workload.split(",")]
+    wls = [workloads.get(n) for n in names]
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    sessions = parse_sessions(args.sessions)
+    prov = env.provenance(command, device=device)
+    record = {"schema": SCHEMA, "provenance": prov, "parameters": {
+        "ar": args.ar, "sessions": sessions, "seconds": args.seconds, "policy": args.policy,
+        "variants": args.variants, "depth": args.depth, "steps": args.steps, "period_s": PERIOD_S,
+        "budget_mib": args.budget_mib, "modes": list(args.modes)}, "workloads": {}}
+    with env.deterministic() as det:
+        record["determinism"] = det
+        for wl in wls:
+            if args.progress:
+                print(f"{wl.name}: ar={args.ar} sessions={sessions} seconds={args.seconds}", flush=True)
+            record["workloads"][wl.name] = measure_workload(
+                wl, device=device, ar_spec=args.ar, sessions=sessions, seconds=args.seconds, modes=args.modes,
+                policy=args.policy, variants=args.variants, depth=args.depth, steps=args.steps,
+                budget_mib=args.budget_mib, progress=args.progress)
+    reasons = [r for w in record["workloads"].values() for r in w["invalid_reasons"]]
+    if prov.get("git_dirty"):
+        reasons.append("dirty tree: uncommitted changes (see provenance.git_status)")
+    if args.seconds < MIN_SECONDS:
+        reasons.append(f"{args.seconds:g} s < {MIN_SECONDS:g} s: max zero-miss sessions is over a shorter run")
+    record["verdict"] = "INVALID" if reasons else "VALID"
+    record["invalid_reasons"] = reasons
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "duplex.json").write_text(json.dumps(jsonable(record), indent=1))
+    if not args.no_plots:
+        from suite.duplex_plot import plot_all
+        record["plots"] = plot_all(record, out)
+        (out / "duplex.json").write_text(json.dumps(jsonable(record), indent=1))
+    if args.progress:
+        for name, w in record["workloads"].items():
+            for mode, m in w["modes"].items():
+                print(f"{name} {mode}: max sessions with zero misses = {m['max_zero_miss_sessions']}")
+        print(f"verdict {record['verdict']}" + (f": {reasons}" if reasons else ""))
+        print(f"wrote {out / 'duplex.json'}")
+    return record
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m suite.duplex", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="minicpmo45", help="workload name(s), comma-separated, or 'all'")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--ar", default="none", help="none | busy:<ms>ms | standin | standin:<name>")
+    p.add_argument("--sessions", default="1,2,4", help="session counts to run, e.g. 1,2,4,8,16,24")
+    p.add_argument("--seconds", type=float, default=60.0, help="seconds of cadence per run (script tiled)")
+    p.add_argument("--modes", default="stock,cadence", type=lambda s: [m.strip() for m in s.split(",")])
+    p.add_argument("--policy", default="edf", choices=scheduler.POLICIES)
+    p.add_argument("--variants", type=int, default=1, help="distinct payload variants across sessions")
+    p.add_argument("--depth", default="released", choices=("released", "reduced"))
+    p.add_argument("--steps", type=int, default=None, help="override the workload's Euler steps")
+    p.add_argument("--budget-mib", type=float, default=None,
+                   help="memory budget for admission (default: 90%% of free device memory on CUDA, none on CPU)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", dest="progress", action="store_false")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    for m in args.modes:
+        if m not in MODES:
+            raise SystemExit(f"--modes: expected a subset of {MODES}, got {m!r}")
+    if args.variants < 1:
+        raise SystemExit(f"--variants: expected an int >= 1, got {args.variants}")
+    if args.seconds <= 0:
+        raise SystemExit(f"--seconds: expected > 0, got {args.seconds}")
+    try:
+        parse_sessions(args.sessions)
+        from suite.ar_stage import parse_ar
+        parse_ar(args.ar)
+    except (ValueError, ARSpecError) as exc:
+        raise SystemExit(str(exc)) from None
+    record = run(args, ["python", "-m", "suite.duplex", *argv])
+    return 0 if record["verdict"] == "VALID" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
