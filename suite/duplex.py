@@ -31,12 +31,14 @@ Outputs in --out: duplex.json (provenance, parameters, every unit, metrics, verd
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import gc
 import hashlib
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,12 +79,18 @@ class DuplexUnit:
     payload: object
 
 
+_SCRIPTS: dict[tuple, list] = {}     # validated scripts (datasets read), by path, mtime and architecture
+
+
 def session_units(workload, seconds: float, variant: int = 0) -> list[DuplexUnit]:
     """The workload's script (validated, `suite.runner.select_units`) tiled to cover `seconds` seconds,
     ids shifted by VARIANT_SHIFT * variant modulo the vocabulary. Raises ValueError for seconds <= 0."""
     if not isinstance(seconds, (int, float)) or seconds <= 0:
         raise ValueError(f"seconds: expected a positive number, got {seconds!r}")
-    base = select_units(workload)
+    key = (str(workload.script), Path(workload.script).stat().st_mtime_ns, workload.architecture)
+    base = _SCRIPTS.get(key)
+    if base is None:
+        base = _SCRIPTS[key] = select_units(workload)
     vocab = workload.payload_format.vocab
     shift = VARIANT_SHIFT * variant
     n = int(np.ceil(seconds / PERIOD_S))
@@ -105,12 +113,13 @@ class Driver:
     """One session and its AR stage: `run_unit(unit)` does one unit's work and returns its record fields.
     device: the session's device (CUDA: events on the current stream time the unit)."""
 
-    def __init__(self, session, ar, device, name: str):
+    def __init__(self, session, ar, device, name: str, tail_lock=None):
         self.session = session
         self.ar = ar
         self.device = torch.device(device)
         self.name = name
         self.turn = None
+        self.tail_lock = tail_lock or contextlib.nullcontext()   # sessions sharing one model instance
 
     @staticmethod
     def has_work(unit: DuplexUnit) -> bool:
@@ -125,7 +134,8 @@ class Driver:
         if unit.kind == "SPEAK":
             self.ar.run(seed=unit.index)
         t1 = time.perf_counter()
-        out = self._tail(unit)
+        with self.tail_lock:
+            out = self._tail(unit)
         t2 = time.perf_counter()
         if cuda:
             ev[1].record()
@@ -239,12 +249,6 @@ def footprint(session, mode: str, model, sharing: str) -> tuple[int, str]:
 
 
 # --- one run of N sessions ------------------------------------------------------------------------------
-def stock_instances(model, n: int) -> list:
-    """n model instances for stock instance-per-session: the model itself, then deep copies (same
-    weights and construction-time tables, copied bytes)."""
-    return [model] + [copy.deepcopy(model) for _ in range(n - 1)]
-
-
 def metrics(units: list[dict], period_s: float = PERIOD_S) -> dict:
     """Per-run statistics: SPEAK time (ms and fraction of the period: mean, p50, p99, max), miss rate and
     misses over the units that ran, lateness of the latest unit (ms)."""
@@ -263,32 +267,69 @@ def metrics(units: list[dict], period_s: float = PERIOD_S) -> dict:
     return out
 
 
+@dataclass
+class PoolEntry:
+    """A built, warmed-up session kept for the next run (turn-based decoders only, `reusable`)."""
+    instance: object
+    driver: Driver
+    nbytes: int
+    how: str
+
+
+def reusable(session) -> bool:
+    """A session whose start_turn restores its voice's base state (flow_hift, code2wav) can serve the
+    next run: its first SPEAK unit opens a turn, so nothing of the earlier run reaches its bytes."""
+    return _turn_based(session)
+
+
 def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar, device, seconds: float,
                  policy: str = "edf", variants: int = 1, budget_bytes: int | None = None, clock=None,
-                 probe: MemoryProbe | None = None, progress: bool = True) -> dict:
+                 probe: MemoryProbe | None = None, progress: bool = True, pool: list | None = None,
+                 warmup_turns: int = 1) -> dict:
     """N sessions of one mode on the cadence. Returns the run record (units, metrics, admission,
-    memory, hashes per session). Raises AdmissionError (the record is not made) if a session does not fit."""
+    memory, hashes per session). Raises AdmissionError (the record is not made) if a session does not fit.
+
+    pool: a list kept by the caller across runs of one mode; reusable sessions built and warmed up for an
+    earlier run are taken from it (the first n), new ones are added to it. Non-reusable sessions (Moshi)
+    are built per run. warmup_turns: warm-up turns per new session (2 where graphs capture on the second
+    occurrence of a signature)."""
     device = torch.device(device)
     sharing = "shared_instance" if mode != "stock" else STOCK_SHARING[workload.architecture]
     if probe is not None:
         probe.begin_session()
     sched = scheduler.CadenceScheduler(period_s=PERIOD_S, policy=policy, clock=clock, budget_bytes=budget_bytes)
-    instances = stock_instances(model, n) if sharing == "instance_per_session" else [model] * n
     phases = scheduler.staggered_phases(n, PERIOD_S)
-    drivers, admission = [], []
+    pool = pool if pool is not None else []
+    locks: dict[int, threading.Lock] = {}
+    drivers, admission, estimate, fresh = [], [], 0, []
     for s in range(n):
+        name = f"{workload.name}/{mode}/{s}"
         units = session_units(workload, seconds, s % variants)
-        session = open_session(adapter, instances[s], mode, spec)
-        drv = Driver(session, ar, device, f"{workload.name}/{mode}/{s}")
-        drv.warm_up(units)
-        nbytes, how = footprint(session, mode, instances[s], sharing)
+        if s < len(pool):
+            entry = pool[s]
+        else:
+            sched.check(name, estimate)    # before building: the bytes of the session built last
+            per_session = sharing == "instance_per_session" and s > 0
+            instance = copy.deepcopy(model) if per_session else model    # same weights and tables
+            session = open_session(adapter, instance, mode, spec)
+            drv = Driver(session, ar, device, name)
+            for _ in range(warmup_turns):
+                drv.warm_up(units)
+            entry = PoolEntry(instance, drv, *footprint(session, mode, instance, sharing))
+            if reusable(session):
+                pool.append(entry)
+            else:
+                fresh.append(entry)
+        estimate = entry.nbytes
+        drv = entry.driver
+        drv.turn = None                    # the run's first SPEAK unit opens a turn
+        drv.tail_lock = locks.setdefault(id(entry.instance), threading.Lock()) if policy == "threads" \
+            else contextlib.nullcontext()
         stream = torch.cuda.Stream(device) if (policy == "threads" and device.type == "cuda") else None
-        group = id(instances[s]) if (policy == "threads") else None
-        sched.admit(scheduler.Slot(drv.name, units, drv.run_unit, Driver.has_work, nbytes, phases[s],
-                                   group, stream))
+        sched.admit(scheduler.Slot(name, units, drv.run_unit, Driver.has_work, entry.nbytes, phases[s], stream))
         drivers.append(drv)
-        admission.append({"session": s, "footprint_bytes": nbytes, "footprint_how": how,
-                          "variant": s % variants, "phase_s": phases[s]})
+        admission.append({"session": s, "footprint_bytes": entry.nbytes, "footprint_how": entry.how,
+                          "variant": s % variants, "phase_s": phases[s], "reused": entry not in fresh})
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
@@ -300,7 +341,8 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
                "release_ms": t.release_s * 1e3, "deadline_ms": t.deadline_s * 1e3,
                "start_ms": None if t.start_s is None else t.start_s * 1e3,
                "end_ms": None if t.end_s is None else t.end_s * 1e3,
-               "speak_ms": None if t.service_s is None else t.service_s * 1e3,
+               "service_ms": None if t.service_s is None else t.service_s * 1e3,
+               "speak_ms": None if t.service_s is None or t.kind != "SPEAK" else t.service_s * 1e3,
                "lateness_ms": None if t.lateness_s is None else t.lateness_s * 1e3, "miss": t.miss}
         rec.update(t.output or {})
         units.append(rec)
@@ -308,11 +350,12 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
     if probe is not None:
         probe.observe()
         memory = probe.end_session()
+        memory["pooled_sessions_alive"] = len(pool)
     stats = [d.session.stats() if callable(getattr(d.session, "stats", None)) else None for d in drivers]
-    for d in drivers:
-        if callable(getattr(d.session, "close", None)):
-            d.session.close()
-    del drivers, instances
+    for e in fresh:
+        if callable(getattr(e.driver.session, "close", None)):
+            e.driver.session.close()
+    del drivers, fresh
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -375,8 +418,10 @@ def max_zero_miss(runs: list[dict]) -> int | None:
 def measure_workload(workload, *, device, ar_spec: str, sessions: list[int], seconds: float,
                      modes=MODES, policy: str = "edf", variants: int = 1, depth: str = "released",
                      steps: int | None = None, budget_mib: float | None = None, seed: int = 0,
-                     progress: bool = True) -> dict:
-    """Every mode x N for one workload on one model build. Returns the workload's record."""
+                     after_miss: int = 1, progress: bool = True) -> dict:
+    """Every mode x N for one workload on one model build. Returns the workload's record.
+    after_miss: once a run of a mode misses a unit, run at most this many larger N for that mode (the
+    miss-rate curve), then stop. Warmed-up reusable sessions are kept from one N to the next (`pool`)."""
     device = torch.device(device)
     adapter = runtime.adapter(workload.architecture)
     spec = make_spec(workload, steps)
@@ -394,19 +439,27 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int], sec
            "ar": ar.describe(), "budget_bytes": budget, "modes": {}, "reference": {}, "invalid_reasons": []}
     refs_by_mode = {}
     for mode in modes:
-        runs, refs = [], {}
+        runs, refs, pool, missed = [], {}, [], None
+        turns = 2 if (mode != "stock" and device.type == "cuda") else 1   # graphs capture on a 2nd occurrence
         for v in range(min(variants, max(sessions))):
             solo_needed = not (v == 0 and sessions[0] == 1)
             if solo_needed:       # the same session run alone, on the cadence
-                solo = _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds)
+                solo = _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds, turns)
                 refs[v] = session_hashes(solo)[0]
         for n in sessions:
+            if missed is not None and sum(r["sessions"] > missed for r in runs) >= after_miss:
+                break
             try:
                 run = run_sessions(workload, mode, n, model=model, adapter=adapter, spec=spec, ar=ar,
                                    device=device, seconds=seconds, policy=policy, variants=variants,
-                                   budget_bytes=budget, probe=probe, progress=progress)
-            except scheduler.AdmissionError as exc:
-                runs.append({"mode": mode, "sessions": n, "refused": str(exc), "metrics": {"misses": None}})
+                                   budget_bytes=budget, probe=probe, progress=progress, pool=pool,
+                                   warmup_turns=turns)
+            except (scheduler.AdmissionError, torch.OutOfMemoryError) as exc:
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                runs.append({"mode": mode, "sessions": n, "refused": f"{type(exc).__name__}: {exc}",
+                             "metrics": {"misses": None}})
                 if progress:
                     print(f"  {workload.name} {mode} N={n}: refused: {exc}", flush=True)
                 break
@@ -415,6 +468,10 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int], sec
             run["mismatches"] = check_against_reference(run, refs, variants)
             out["invalid_reasons"] += run["mismatches"]
             runs.append(run)
+            if run["metrics"]["misses"] and missed is None:
+                missed = n
+        del pool
+        gc.collect()
         out["modes"][mode] = {"runs": runs, "max_zero_miss_sessions": max_zero_miss(runs),
                               "stock_sharing": STOCK_SHARING[workload.architecture] if mode == "stock" else
                               "shared_instance (one arena + graph set per session)"}
@@ -428,12 +485,13 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int], sec
     return out
 
 
-def _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds) -> dict:
+def _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds, warmup_turns: int = 1) -> dict:
     """A run of one session of payload variant v alone (same as run_sessions with N=1, variant v)."""
     units = session_units(workload, seconds, v)
     session = open_session(adapter, model, mode, spec)
     drv = Driver(session, ar, device, f"solo/{v}")
-    drv.warm_up(units)
+    for _ in range(warmup_turns):
+        drv.warm_up(units)
     sched = scheduler.CadenceScheduler(period_s=PERIOD_S)
     sched.admit(scheduler.Slot(drv.name, units, drv.run_unit, Driver.has_work))
     timings = sched.run()
@@ -456,7 +514,7 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
     record = {"schema": SCHEMA, "provenance": prov, "parameters": {
         "ar": args.ar, "sessions": sessions, "seconds": args.seconds, "policy": args.policy,
         "variants": args.variants, "depth": args.depth, "steps": args.steps, "period_s": PERIOD_S,
-        "budget_mib": args.budget_mib, "modes": list(args.modes)}, "workloads": {}}
+        "budget_mib": args.budget_mib, "modes": list(args.modes), "after_miss": args.after_miss}, "workloads": {}}
     with env.deterministic() as det:
         record["determinism"] = det
         for wl in wls:
@@ -465,7 +523,7 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
             record["workloads"][wl.name] = measure_workload(
                 wl, device=device, ar_spec=args.ar, sessions=sessions, seconds=args.seconds, modes=args.modes,
                 policy=args.policy, variants=args.variants, depth=args.depth, steps=args.steps,
-                budget_mib=args.budget_mib, progress=args.progress)
+                budget_mib=args.budget_mib, after_miss=args.after_miss, progress=args.progress)
     reasons = [r for w in record["workloads"].values() for r in w["invalid_reasons"]]
     if prov.get("git_dirty"):
         reasons.append("dirty tree: uncommitted changes (see provenance.git_status)")
@@ -503,6 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="override the workload's Euler steps")
     p.add_argument("--budget-mib", type=float, default=None,
                    help="memory budget for admission (default: 90%% of free device memory on CUDA, none on CPU)")
+    p.add_argument("--after-miss", type=int, default=1,
+                   help="after a mode's first run with a miss, run at most this many larger session counts")
     p.add_argument("--out", required=True)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", dest="progress", action="store_false")

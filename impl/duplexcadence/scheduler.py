@@ -12,9 +12,10 @@ Policies (how the kernels of different sessions meet on the device; never batche
   to completion, then the next. Deterministic order; no two sessions' kernels ever overlap.
 * ``"threads"``: one host thread per session, each with its own CUDA stream (on CUDA), each sleeping until
   its unit's release; tiny kernels of different sessions may overlap on the device, each kernel still
-  computes one session's data only. Sessions that share mutable module state (one model instance) name
-  the same `Slot.group` and run their units under that group's lock: Python-level state swaps (e.g. a
-  stock module buffer pointed at a session's arena for one step) must not interleave.
+  computes one session's data only. Sessions that share mutable module state (one model instance) must
+  serialise the parts of `run_unit` that touch it themselves (suite.duplex holds one lock per model
+  instance around the tail): Python-level state swaps (e.g. a stock module buffer pointed at a
+  session's arena for one step) must not interleave.
 
 Admission control: every slot declares `footprint_bytes` (its arena + graph-pool bytes, or a stock
 instance's bytes); `admit` refuses a slot whose bytes do not fit in what is left of `budget_bytes`, with
@@ -29,7 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 POLICIES = ("edf", "threads")
 
@@ -71,9 +72,7 @@ class Slot:
     run_unit(unit) -> output: the unit's whole work (AR stage + tail for SPEAK), returning when done.
     has_work(unit) -> bool: False for a unit that runs nothing (recorded with no run).
     footprint_bytes: device bytes this session adds (arena + graph pool, or a stock instance).
-    group: sessions with the same group share mutable module state (one model instance); "threads" runs
-    their units under one lock. stream: the CUDA stream this session runs on under "threads" (None: the
-    current stream).
+    stream: the CUDA stream this session's thread runs on under "threads" (None: the current stream).
     """
     name: str
     units: Sequence[Any]
@@ -81,7 +80,6 @@ class Slot:
     has_work: Callable[[Any], bool]
     footprint_bytes: int = 0
     phase_s: float = 0.0
-    group: Hashable = None
     stream: Any = None
 
 
@@ -128,28 +126,32 @@ class CadenceScheduler:
         self.clock = clock
         self.budget_bytes = budget_bytes
         self.slots: list[Slot] = []
-        self._locks: dict[Hashable, threading.Lock] = {}
 
     @property
     def admitted_bytes(self) -> int:
         return sum(s.footprint_bytes for s in self.slots)
 
+    def check(self, name: str, nbytes: int) -> None:
+        """Raise AdmissionError if a session of `nbytes` would not fit in the budget left (admits nothing;
+        call it with an estimate before building a session, then `admit` with the measured bytes)."""
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ScheduleError(f"session {name!r}: footprint_bytes: expected an int >= 0, got {nbytes!r}")
+        if self.budget_bytes is None:
+            return
+        left = self.budget_bytes - self.admitted_bytes
+        if nbytes > left:
+            mib = 2 ** 20
+            raise AdmissionError(
+                f"session {len(self.slots)} ({name!r}) needs {nbytes / mib:.1f} MiB (its arena + graph "
+                f"bytes), but only {left / mib:.1f} MiB of the {self.budget_bytes / mib:.1f} MiB budget is "
+                f"left after {len(self.slots)} session(s); run fewer sessions or raise the budget")
+
     def admit(self, slot: Slot) -> int:
         """Add a session; returns its session number. Raises AdmissionError if its footprint does not
         fit in the budget left, ScheduleError for a negative phase or footprint."""
-        if slot.phase_s < 0:
+        if not isinstance(slot.phase_s, (int, float)) or slot.phase_s < 0:
             raise ScheduleError(f"slot {slot.name!r}: phase_s: expected >= 0 seconds, got {slot.phase_s!r}")
-        if slot.footprint_bytes < 0:
-            raise ScheduleError(f"slot {slot.name!r}: footprint_bytes: expected >= 0, got {slot.footprint_bytes}")
-        if self.budget_bytes is not None:
-            left = self.budget_bytes - self.admitted_bytes
-            if slot.footprint_bytes > left:
-                mib = 2 ** 20
-                raise AdmissionError(
-                    f"session {len(self.slots)} ({slot.name!r}) needs {slot.footprint_bytes / mib:.1f} MiB "
-                    f"(its arena + graph bytes), but only {left / mib:.1f} MiB of the "
-                    f"{self.budget_bytes / mib:.1f} MiB budget is left after {len(self.slots)} session(s); "
-                    f"run fewer sessions or raise the budget")
+        self.check(slot.name, slot.footprint_bytes)
         self.slots.append(slot)
         return len(self.slots) - 1
 
@@ -209,13 +211,9 @@ class CadenceScheduler:
     def _run_threads(self, by_session: list[list[UnitTiming]]) -> None:
         errors: list[BaseException] = []
         stop = threading.Event()
-        for slot in self.slots:
-            if slot.group is not None:
-                self._locks.setdefault(slot.group, threading.Lock())
 
         def worker(s: int) -> None:
             slot = self.slots[s]
-            lock = self._locks.get(slot.group)
             try:
                 ctx = _stream_context(slot.stream)
                 with ctx:
@@ -223,11 +221,7 @@ class CadenceScheduler:
                         if stop.is_set():
                             return
                         self.clock.sleep_until(rec.release_s)
-                        if lock is None:
-                            self._run_one(slot, rec)
-                        else:
-                            with lock:
-                                self._run_one(slot, rec)
+                        self._run_one(slot, rec)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
                 stop.set()
