@@ -156,11 +156,12 @@ class Driver:
             return out
         return self.session.speak(unit.payload, final=False)
 
-    def warm_up(self, units: list[DuplexUnit]) -> None:
+    def warm_up(self, units: list[DuplexUnit], body: int = WARMUP_TURN_UNITS) -> None:
         """Before the cadence starts: the AR stage once, then the session's own `prepare()` where it has
         one (Moshi cadence: capture + restore), else, for turn-based decoders (flow_hift, code2wav), one
-        warm-up turn over the first WARMUP_TURN_UNITS SPEAK payloads plus a final unit (captures the
-        first / ramp / steady / final graphs; the next start_turn restores the voice's base state).
+        warm-up turn over the first `body` SPEAK payloads plus a final unit (first / ramp / steady / final
+        shapes; graphs capture on a signature's second occurrence, so a second, shorter turn follows on
+        CUDA; the next start_turn restores the voice's base state).
         Stock Moshi (no turns, no prepare) is not warmed: a unit would advance its stream."""
         self.ar.run(seed=-1)
         if callable(getattr(self.session, "prepare", None)):
@@ -172,7 +173,7 @@ class Driver:
         if not speak:
             return
         finals = [u for u in speak if u.final]
-        body = [u for u in speak if not u.final][:WARMUP_TURN_UNITS]
+        body = [u for u in speak if not u.final][:body]
         self.session.start_turn()
         for u in body:
             self.session.speak(u.payload, final=False)
@@ -237,12 +238,20 @@ def _storages(obj, exclude: set[int]) -> dict[int, int]:
 
 
 def footprint(session, mode: str, model, sharing: str) -> tuple[int, str]:
-    """(bytes, how) a session adds: cadence = arena bytes reserved + graph-pool bytes (session.stats());
-    stock = the tensors it owns, plus its whole model instance when stock runs one instance per session."""
+    """(bytes, how) a session adds to the device.
+
+    DuplexCadence: arena bytes reserved + graph-pool bytes (session.stats(), issue 7's admission rule),
+    plus every other tensor the session owns outside its arena and the shared model (e.g. the voice's
+    base caches it restores at each turn), so that admission does not under-count. Stock: the tensors the
+    session owns, plus its whole model instance where stock runs one instance per session."""
     stats = session.stats() if callable(getattr(session, "stats", None)) else {}
     if mode != "stock" and "arena_bytes_reserved" in stats:
-        return int(stats["arena_bytes_reserved"]) + int(stats.get("graph_pool_bytes") or 0), \
-            "arena_bytes_reserved + graph_pool_bytes"
+        arena = getattr(session, "arena", None)
+        skip = storage_ptrs(model) | ({arena.base} if arena is not None else set())
+        other = tensor_bytes(session, exclude=skip)
+        return (int(stats["arena_bytes_reserved"]) + int(stats.get("graph_pool_bytes") or 0) + other,
+                f"arena_bytes_reserved {int(stats['arena_bytes_reserved'])} + graph_pool_bytes "
+                f"{int(stats.get('graph_pool_bytes') or 0)} + other session tensors {other}")
     if sharing == "instance_per_session":
         return tensor_bytes(session), "model instance + session tensors"
     return tensor_bytes(session, exclude=storage_ptrs(model)), "session tensors (shared model excluded)"
@@ -313,8 +322,8 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
             instance = copy.deepcopy(model) if per_session else model    # same weights and tables
             session = open_session(adapter, instance, mode, spec)
             drv = Driver(session, ar, device, name)
-            for _ in range(warmup_turns):
-                drv.warm_up(units)
+            for k in range(warmup_turns):
+                drv.warm_up(units, WARMUP_TURN_UNITS if k == 0 else 2)
             entry = PoolEntry(instance, drv, *footprint(session, mode, instance, sharing))
             if reusable(session):
                 pool.append(entry)
@@ -415,13 +424,14 @@ def max_zero_miss(runs: list[dict]) -> int | None:
     return best
 
 
-def measure_workload(workload, *, device, ar_spec: str, sessions: list[int], seconds: float,
+def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | dict, seconds: float,
                      modes=MODES, policy: str = "edf", variants: int = 1, depth: str = "released",
                      steps: int | None = None, budget_mib: float | None = None, seed: int = 0,
                      after_miss: int = 1, progress: bool = True) -> dict:
     """Every mode x N for one workload on one model build. Returns the workload's record.
     after_miss: once a run of a mode misses a unit, run at most this many larger N for that mode (the
-    miss-rate curve), then stop. Warmed-up reusable sessions are kept from one N to the next (`pool`)."""
+    miss-rate curve), then stop. Warmed-up reusable sessions are kept from one N to the next (`pool`).
+    sessions: the session counts, or {mode: counts}."""
     device = torch.device(device)
     adapter = runtime.adapter(workload.architecture)
     spec = make_spec(workload, steps)
@@ -438,7 +448,9 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int], sec
     out = {"workload": workload.name, "architecture": workload.architecture, "euler_steps": spec.get("n_timesteps"),
            "ar": ar.describe(), "budget_bytes": budget, "modes": {}, "reference": {}, "invalid_reasons": []}
     refs_by_mode = {}
+    per_mode = sessions if isinstance(sessions, dict) else {m: sessions for m in modes}
     for mode in modes:
+        sessions = per_mode[mode]
         runs, refs, pool, missed = [], {}, [], None
         turns = 2 if (mode != "stock" and device.type == "cuda") else 1   # graphs capture on a 2nd occurrence
         for v in range(min(variants, max(sessions))):
@@ -490,8 +502,8 @@ def _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds, 
     units = session_units(workload, seconds, v)
     session = open_session(adapter, model, mode, spec)
     drv = Driver(session, ar, device, f"solo/{v}")
-    for _ in range(warmup_turns):
-        drv.warm_up(units)
+    for k in range(warmup_turns):
+        drv.warm_up(units, WARMUP_TURN_UNITS if k == 0 else 2)
     sched = scheduler.CadenceScheduler(period_s=PERIOD_S)
     sched.admit(scheduler.Slot(drv.name, units, drv.run_unit, Driver.has_work))
     timings = sched.run()
@@ -509,7 +521,8 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
-    sessions = parse_sessions(args.sessions)
+    sessions = {m: parse_sessions(args.stock_sessions if (m == "stock" and args.stock_sessions) else args.sessions)
+                for m in args.modes}
     prov = env.provenance(command, device=device)
     record = {"schema": SCHEMA, "provenance": prov, "parameters": {
         "ar": args.ar, "sessions": sessions, "seconds": args.seconds, "policy": args.policy,
@@ -553,6 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--ar", default="none", help="none | busy:<ms>ms | standin | standin:<name>")
     p.add_argument("--sessions", default="1,2,4", help="session counts to run, e.g. 1,2,4,8,16,24")
+    p.add_argument("--stock-sessions", default=None, help="session counts for stock (default: --sessions)")
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of cadence per run (script tiled)")
     p.add_argument("--modes", default="stock,cadence", type=lambda s: [m.strip() for m in s.split(",")])
     p.add_argument("--policy", default="edf", choices=scheduler.POLICIES)
@@ -581,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--seconds: expected > 0, got {args.seconds}")
     try:
         parse_sessions(args.sessions)
+        if args.stock_sessions:
+            parse_sessions(args.stock_sessions)
         from suite.ar_stage import parse_ar
         parse_ar(args.ar)
     except (ValueError, ARSpecError) as exc:
