@@ -424,14 +424,26 @@ def max_zero_miss(runs: list[dict]) -> int | None:
     return best
 
 
+def next_bisect(runs: list[dict]) -> int | None:
+    """The next N to try when bisecting between the largest N with zero misses and the smallest larger N
+    that missed or was refused; None when they are adjacent (or either is missing)."""
+    lo = max_zero_miss(runs)
+    bad = [r["sessions"] for r in runs if r.get("refused") or r["metrics"]["misses"]]
+    hi = min((b for b in bad if lo is None or b > lo), default=None)
+    if lo is None or hi is None or hi - lo <= 1:
+        return None
+    return (lo + hi) // 2
+
+
 def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | dict, seconds: float,
                      modes=MODES, policy: str = "edf", variants: int = 1, depth: str = "released",
                      steps: int | None = None, budget_mib: float | None = None, seed: int = 0,
-                     after_miss: int = 1, progress: bool = True) -> dict:
+                     after_miss: int = 1, bisect: bool = False, progress: bool = True) -> dict:
     """Every mode x N for one workload on one model build. Returns the workload's record.
     after_miss: once a run of a mode misses a unit, run at most this many larger N for that mode (the
     miss-rate curve), then stop. Warmed-up reusable sessions are kept from one N to the next (`pool`).
-    sessions: the session counts, or {mode: counts}."""
+    sessions: the session counts, or {mode: counts}. bisect: then bisect between the largest N with zero
+    misses and the smallest N that missed, so `max_zero_miss_sessions` is exact (a search over N)."""
     device = torch.device(device)
     adapter = runtime.adapter(workload.architecture)
     spec = make_spec(workload, steps)
@@ -458,9 +470,8 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | di
             if solo_needed:       # the same session run alone, on the cadence
                 solo = _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds, turns)
                 refs[v] = session_hashes(solo)[0]
-        for n in sessions:
-            if missed is not None and sum(r["sessions"] > missed for r in runs) >= after_miss:
-                break
+        def one(n: int) -> dict | None:
+            """Run N sessions; append the run (or its refusal) to runs; None if refused."""
             try:
                 run = run_sessions(workload, mode, n, model=model, adapter=adapter, spec=spec, ar=ar,
                                    device=device, seconds=seconds, policy=policy, variants=variants,
@@ -474,14 +485,24 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | di
                              "metrics": {"misses": None}})
                 if progress:
                     print(f"  {workload.name} {mode} N={n}: refused: {exc}", flush=True)
-                break
+                return None
             if n == 1 and 0 not in refs:
                 refs[0] = session_hashes(run)[0]
             run["mismatches"] = check_against_reference(run, refs, variants)
             out["invalid_reasons"] += run["mismatches"]
             runs.append(run)
+            return run
+
+        for n in sessions:
+            if missed is not None and sum(r["sessions"] > missed for r in runs) >= after_miss:
+                break
+            run = one(n)
+            if run is None:
+                break
             if run["metrics"]["misses"] and missed is None:
                 missed = n
+        while bisect and (n := next_bisect(runs)) is not None:
+            one(n)
         del pool
         gc.collect()
         out["modes"][mode] = {"runs": runs, "max_zero_miss_sessions": max_zero_miss(runs),
@@ -527,7 +548,8 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
     record = {"schema": SCHEMA, "provenance": prov, "parameters": {
         "ar": args.ar, "sessions": sessions, "seconds": args.seconds, "policy": args.policy,
         "variants": args.variants, "depth": args.depth, "steps": args.steps, "period_s": PERIOD_S,
-        "budget_mib": args.budget_mib, "modes": list(args.modes), "after_miss": args.after_miss}, "workloads": {}}
+        "budget_mib": args.budget_mib, "modes": list(args.modes), "after_miss": args.after_miss,
+        "bisect": args.bisect}, "workloads": {}}
     with env.deterministic() as det:
         record["determinism"] = det
         for wl in wls:
@@ -536,7 +558,8 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
             record["workloads"][wl.name] = measure_workload(
                 wl, device=device, ar_spec=args.ar, sessions=sessions, seconds=args.seconds, modes=args.modes,
                 policy=args.policy, variants=args.variants, depth=args.depth, steps=args.steps,
-                budget_mib=args.budget_mib, after_miss=args.after_miss, progress=args.progress)
+                budget_mib=args.budget_mib, after_miss=args.after_miss, bisect=args.bisect,
+                progress=args.progress)
     reasons = [r for w in record["workloads"].values() for r in w["invalid_reasons"]]
     if prov.get("git_dirty"):
         reasons.append("dirty tree: uncommitted changes (see provenance.git_status)")
@@ -577,6 +600,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget for admission (default: 90%% of free device memory on CUDA, none on CPU)")
     p.add_argument("--after-miss", type=int, default=1,
                    help="after a mode's first run with a miss, run at most this many larger session counts")
+    p.add_argument("--bisect", action="store_true",
+                   help="after the list, bisect to the exact largest session count with zero misses")
     p.add_argument("--out", required=True)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", dest="progress", action="store_false")

@@ -212,6 +212,17 @@ def test_max_zero_miss_stops_at_the_first_miss_or_refusal():
     assert duplex.max_zero_miss([{"sessions": 1, "metrics": {"misses": 1}}]) is None
 
 
+def test_bisection_finds_the_exact_largest_zero_miss_count():
+    capacity = 11                                  # a device where 11 sessions fit and 12 miss
+    runs = [{"sessions": n, "metrics": {"misses": int(n > capacity)}} for n in (1, 8, 16)]
+    tried = []
+    while (n := duplex.next_bisect(runs)) is not None:
+        tried.append(n)
+        runs.append({"sessions": n, "metrics": {"misses": int(n > capacity)}})
+    assert tried == [12, 10, 11] and duplex.max_zero_miss(runs) == 11
+    assert duplex.next_bisect([{"sessions": 1, "metrics": {"misses": 2}}]) is None
+
+
 # --- the real Mimi adapter (reduced) on a tiny script -------------------------------------------------------
 def _tiny_moshi(tmp_path, frames=1):
     """The moshi workload on a 3-unit script (SPEAK, SPEAK final, LISTEN) of `frames` frames per unit
@@ -312,3 +323,19 @@ def test_busy_ar_on_cuda_occupies_the_stream():
     end.record()
     end.synchronize()
     assert 15 <= start.elapsed_time(end) <= 40
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: one stream per session, graph replay")
+@pytest.mark.parametrize("policy", ["edf", "threads"])
+def test_cuda_sessions_on_streams_give_the_bytes_of_each_session_alone(tmp_path, policy):
+    from duplexcadence import runtime
+    adapter = runtime.adapter("mimi")
+    model = adapter.build_model({}, device="cuda", depth="reduced", seed=0)
+    wl = _tiny_moshi(tmp_path, frames=12)
+    refs = {v: duplex.session_hashes(duplex._solo_variant(wl, "cadence", v, model, adapter, {}, ar_stage.NoAR(),
+                                                          "cuda", 3))[0] for v in range(2)}
+    run = duplex.run_sessions(wl, "cadence", 4, model=model, adapter=adapter, spec={},
+                              ar=ar_stage.make_ar("busy:5ms", "moshi", "cuda"), device="cuda", seconds=3,
+                              policy=policy, variants=2, progress=False)
+    assert duplex.check_against_reference(run, refs, 2) == []
+    assert all(u["device_ms"] is not None for u in run["units"] if u["start_ms"] is not None)
