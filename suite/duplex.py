@@ -314,7 +314,8 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
     for s in range(n):
         name = f"{workload.name}/{mode}/{s}"
         units = session_units(workload, seconds, s % variants)
-        if s < len(pool):
+        reused = s < len(pool)
+        if reused:
             entry = pool[s]
         else:
             sched.check(name, estimate)    # before building: the bytes of the session built last
@@ -338,7 +339,7 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
         sched.admit(scheduler.Slot(name, units, drv.run_unit, Driver.has_work, entry.nbytes, phases[s], stream))
         drivers.append(drv)
         admission.append({"session": s, "footprint_bytes": entry.nbytes, "footprint_how": entry.how,
-                          "variant": s % variants, "phase_s": phases[s], "reused": entry not in fresh})
+                          "variant": s % variants, "phase_s": phases[s], "reused": reused})
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
