@@ -285,6 +285,21 @@ class PoolEntry:
     how: str
 
 
+def release(session) -> None:
+    """Give a finished session's device memory back: its own `close()` where it has one, else its VMM
+    arena's reservation (unmapped and freed: nothing reads it after the session; the arena has no close()
+    of its own yet, and torch never frees memory it did not allocate). Graphs are dropped with the session."""
+    if callable(getattr(session, "close", None)):
+        session.close()
+        return
+    vmm = getattr(getattr(session, "arena", None), "_vmm", None)
+    if vmm is not None:
+        graphs = getattr(session, "graphs", None)
+        if graphs is not None:
+            graphs.entries.clear()
+        vmm.close()
+
+
 def reusable(session) -> bool:
     """A session whose start_turn restores its voice's base state (flow_hift, code2wav) can serve the
     next run: its first SPEAK unit opens a turn, so nothing of the earlier run reaches its bytes."""
@@ -363,8 +378,7 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
         memory["pooled_sessions_alive"] = len(pool)
     stats = [d.session.stats() if callable(getattr(d.session, "stats", None)) else None for d in drivers]
     for e in fresh:
-        if callable(getattr(e.driver.session, "close", None)):
-            e.driver.session.close()
+        release(e.driver.session)
     del drivers, fresh
     gc.collect()
     if device.type == "cuda":
@@ -504,6 +518,8 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | di
                 missed = n
         while bisect and (n := next_bisect(runs)) is not None:
             one(n)
+        for e in pool:
+            release(e.driver.session)
         del pool
         gc.collect()
         out["modes"][mode] = {"runs": runs, "max_zero_miss_sessions": max_zero_miss(runs),
@@ -529,8 +545,7 @@ def _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds, 
     sched = scheduler.CadenceScheduler(period_s=PERIOD_S)
     sched.admit(scheduler.Slot(drv.name, units, drv.run_unit, Driver.has_work))
     timings = sched.run()
-    if callable(getattr(session, "close", None)):
-        session.close()
+    release(session)
     return {"units": [{"session": 0, "index": t.index, **(t.output or {})} for t in timings]}
 
 
