@@ -7,11 +7,12 @@ payload, so the tail's bytes stay comparable with the stock run; the stand-in on
 way the real AR stage does.
 
 MiniCPM-o 4.5's TTS decoder (`minicpmo45_tts`): a Llama backbone. Hyperparameters from the
-`MiniCPMTTSConfig` defaults that vllm-omni ships for MiniCPM-o 4.5 ("Talker stage (Llama AR backbone)",
-vllm-project/vllm-omni, MiniCPM-o 4.5 configuration module; the same defaults as OpenBMB's
-configuration_minicpmo.py): hidden_size 768, intermediate_size 3072, 12 attention heads, 12 KV heads,
-20 layers, max_position_embeddings 4096, silu, num_audio_tokens 6562 (S3 tokenizer v2's 6561 ids + one
-end token), num_vq 1. Per SPEAK unit the duplex loop calls `tts.generate_chunk(max_new_token=26,
+`MiniCPMTTSConfig` defaults of vllm-omni's MiniCPM-o 4.5 support ("Configuration for MiniCPMTTS -- the
+Talker stage (Llama AR backbone)", `backbone_model="llama"`): nextain/vllm-omni @5a72a03
+vllm_omni/model_executor/models/minicpm_o/configuration_minicpmo.py, `MiniCPMTTSConfig.__init__`:
+hidden_size 768, intermediate_size 3072, 12 attention heads, 12 KV heads, 20 layers,
+max_position_embeddings 4096, silu, num_audio_tokens 6562 (S3 tokenizer v2's 6561 ids + one end token),
+num_vq 1. Not checked against the released checkpoint's config.json (no download here). Per SPEAK unit the duplex loop calls `tts.generate_chunk(max_new_token=26,
 min_new_tokens=26)` (MiniCPM-o unified L5188-5212, shared/notes/stock_decoders.md section 2): 26 tokens.
 Simplifications, said plainly: the condition (the LLM's merged text hidden states) is stood in for by
 `prompt_tokens` audio-token ids per unit, and the KV cache is not carried from unit to unit (the real
@@ -41,9 +42,10 @@ MINICPMO45_TTS = StandIn(
                 tie_word_embeddings=False),
     tokens_per_unit=26,
     prompt_tokens=16,
-    source=("vllm-project/vllm-omni MiniCPMTTSConfig defaults for MiniCPM-o 4.5 (Llama AR backbone: "
-            "hidden 768, ffn 3072, 12 heads, 12 KV heads, 20 layers, 6562 audio tokens); 26 tokens per unit "
-            "from generate_chunk(max_new_token=26) in MiniCPM-o unified L5188-5212"),
+    source=("vllm-omni MiniCPMTTSConfig defaults for MiniCPM-o 4.5 (nextain/vllm-omni @5a72a03 "
+            "vllm_omni/model_executor/models/minicpm_o/configuration_minicpmo.py; Llama AR backbone: hidden "
+            "768, ffn 3072, 12 heads, 12 KV heads, 20 layers, 6562 audio tokens); 26 tokens per unit from "
+            "generate_chunk(max_new_token=26) in MiniCPM-o unified L5188-5212"),
     reduced=dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
                  num_hidden_layers=2),
 )
