@@ -3,7 +3,7 @@
 Per workload:
 * `<workload>_speak.png`: per-unit SPEAK time (ms) against the unit's release time (s) for every SPEAK
   unit of every session in the run with the most sessions that both modes ran, stock and DuplexCadence on
-  the same axes, with the cadence line at the period (1000 ms); misses marked with x.
+  the same axes, with the cadence line at the period (1000 ms); missed units drawn as x.
 * `<workload>_miss_rate.png`: miss rate (fraction of units that ran) against session count, stock and
   DuplexCadence on the same axes; refused runs (admission) are not drawn.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 COLORS = {"stock": "tab:red", "cadence": "tab:blue"}
+STYLES = {"stock": dict(marker="s", linestyle="--", markersize=8), "cadence": dict(marker="o", linestyle="-")}
 LABELS = {"stock": "stock", "cadence": "DuplexCadence"}
 
 
@@ -44,11 +45,15 @@ def plot_all(record: dict, out: Path) -> list[str]:
                    if u["kind"] == "SPEAK" and u["speak_ms"] is not None]
             if not pts:
                 continue
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=8, color=COLORS.get(mode),
-                       label=f"{LABELS.get(mode, mode)} (N={n})", alpha=0.7)
+            ok = [p for p in pts if not p[2]]
             miss = [p for p in pts if p[2]]
+            label = f"{LABELS.get(mode, mode)} (N={n})"
+            if ok:
+                ax.scatter([p[0] for p in ok], [p[1] for p in ok], s=8, color=COLORS.get(mode), alpha=0.7,
+                           label=label)
             if miss:
-                ax.scatter([p[0] for p in miss], [p[1] for p in miss], marker="x", s=30, color="black")
+                ax.scatter([p[0] for p in miss], [p[1] for p in miss], marker="x", s=30, color=COLORS.get(mode),
+                           label=f"{label}: missed ({len(miss)})")
         ax.axhline(period_ms, color="gray", linestyle="--", label=f"cadence ({period_ms:.0f} ms)")
         ax.set_xlabel("unit release time (s)")
         ax.set_ylabel("SPEAK time, AR + tail (ms)")
@@ -64,7 +69,7 @@ def plot_all(record: dict, out: Path) -> list[str]:
             runs = sorted((r for r in m["runs"] if not r.get("refused")), key=lambda r: r["sessions"])
             if runs:
                 ax.plot([r["sessions"] for r in runs], [r["metrics"]["miss_rate"] or 0.0 for r in runs],
-                        marker="o", color=COLORS.get(mode),
+                        color=COLORS.get(mode), **STYLES.get(mode, {}),
                         label=f"{LABELS.get(mode, mode)} (max zero-miss N={m['max_zero_miss_sessions']})")
         ax.set_xlabel("concurrent sessions")
         ax.set_ylabel("miss rate (units past their period)")
