@@ -7,9 +7,10 @@ For each workload, mode (stock, cadence) and session count N: build N sessions, 
 them (`duplexcadence.scheduler`, admission from each session's arena + graph bytes), then run them
 together on the one-second cadence with staggered phases (session s starts at s/N seconds). Every SPEAK
 unit runs the AR stage (`suite.ar_stage`) and then the tail (`session.speak`); LISTEN units that carry a
-payload (Moshi decodes every frame) run the tail only. Per unit: SPEAK time (AR + tail, wall clock on
-the scheduler's clock), its AR and tail parts, CUDA-event time on CUDA, the miss flag and lateness
-(end - deadline). Per run: mean and p99 SPEAK time as a fraction of the cadence, miss rate over the units
+payload (Moshi decodes every frame) run the tail only. Per unit: SPEAK time (AR + tail, host wall clock
+around both, each ending in a synchronisation), its AR and tail parts, CUDA-event time on CUDA
+(`device_ms`, the unit's stream), service time on the scheduler's clock (`service_ms`: also the output
+hashing, ~0.1 ms), the miss flag and lateness (end - deadline on the scheduler's clock). Per run: mean and p99 SPEAK time as a fraction of the cadence, miss rate over the units
 that ran, and every session's per-unit sha256 against the same session run alone (`reference`).
 Per mode: the largest N in the list with zero missed units (`max_zero_miss_sessions`).
 
@@ -367,9 +368,10 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
                "start_ms": None if t.start_s is None else t.start_s * 1e3,
                "end_ms": None if t.end_s is None else t.end_s * 1e3,
                "service_ms": None if t.service_s is None else t.service_s * 1e3,
-               "speak_ms": None if t.service_s is None or t.kind != "SPEAK" else t.service_s * 1e3,
                "lateness_ms": None if t.lateness_s is None else t.lateness_s * 1e3, "miss": t.miss}
         rec.update(t.output or {})
+        # SPEAK time = AR + tail (perf_counter inside the unit); service_ms also counts the unit's hashing
+        rec["speak_ms"] = rec["ar_ms"] + rec["tail_ms"] if (t.kind == "SPEAK" and t.output) else None
         units.append(rec)
     memory = {}
     if probe is not None:
