@@ -390,8 +390,10 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
            "session_stats": jsonable(stats), "units": units}
     if progress:
         m = out["metrics"]
-        print(f"  {workload.name} {mode:7s} N={n:3d}: SPEAK mean {m.get('speak_ms_mean', 0):7.1f} ms, "
-              f"p99 {m.get('speak_ms_p99', 0):7.1f} ms, misses {m['misses']}/{m['units_run']}", flush=True)
+        speak = (f"SPEAK mean {m['speak_ms_mean']:7.1f} ms, p99 {m['speak_ms_p99']:7.1f} ms"
+                 if m["speak_units"] else "no SPEAK unit")
+        print(f"  {workload.name} {mode:7s} N={n:3d}: {speak}, misses {m['misses']}/{m['units_run']}",
+              flush=True)
     return out
 
 
