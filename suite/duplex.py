@@ -10,15 +10,24 @@ unit runs the AR stage (`suite.ar_stage`) and then the tail (`session.speak`); L
 payload (Moshi decodes every frame) run the tail only. Per unit: SPEAK time (AR + tail, host wall clock
 around both, each ending in a synchronisation), its AR and tail parts, CUDA-event time on CUDA
 (`device_ms`, the unit's stream), service time on the scheduler's clock (`service_ms`: also the output
-hashing, ~0.1 ms), the miss flag and lateness (end - deadline on the scheduler's clock). Per run: mean and p99 SPEAK time as a fraction of the cadence, miss rate over the units
-that ran, and every session's per-unit sha256 against the same session run alone (`reference`).
-Per mode: the largest N in the list with zero missed units (`max_zero_miss_sessions`).
+hashing, ~0.1 ms), the miss flag and lateness (end - deadline on the scheduler's clock). Per run: mean
+and p99 SPEAK time as a fraction of the cadence, miss rate over the units that ran, and every session's
+per-unit sha256 against the same session run alone (`reference`). Per mode: the largest N with zero
+missed units up to the first N that missed (`max_zero_miss_sessions`; --bisect makes it exact between
+the list's points; --after-miss K runs K larger counts after the first miss, for the curve).
+
+Policies (`--policy`): "edf" runs every session's units on one thread and stream, earliest deadline
+first; "threads" gives each session a thread and a CUDA stream, so kernels of different sessions may
+overlap (never batched); sessions on one model instance hold that instance's lock around the tail,
+because the stock modules' Python-level state is shared.
 
 Sessions: DuplexCadence sessions share one model instance (weights and construction-time tables) and own
 an arena and a graph set each. Stock sessions run as a stock deployment would (`STOCK_SHARING`):
-MiniCPM-o gets one model instance per session (a deep copy: the same weights and tables) because stock
-Token2wav keeps its caches in module buffers (the DiT's static KV buffer) that sessions on one instance
-would overwrite; Moshi sessions share one MimiModel, each with its own moshi streaming states installed
+MiniCPM-o gets one model instance per session (a deep copy: the same weights and tables) because the
+stock CFM writes every step's DiT KV into its module buffer and returns a view of it as the stream cache
+(stepaudio2/cosyvoice2/flow/flow_matching.py L35-36 `att_cache_buffer` [16,16,2,8,1000,128], L165-169), so
+until the trim's torch.cat copies it a session's cache is the instance's buffer, which another session's
+unit on the same instance overwrites; Moshi sessions share one MimiModel, each with its own moshi streaming states installed
 for its unit (moshi's `set_streaming_state`); Qwen3-Omni's Code2Wav is stateless and shared.
 
 Payloads: session s decodes the workload's script (tiled to cover --seconds) with its token / code ids
