@@ -58,13 +58,12 @@ import torch
 from duplexcadence import runtime, scheduler
 from suite import env
 from suite.ar_stage import ARSpecError, make_ar
+from suite.duplex_session import (PERIOD_S, WARMUP_TURN_UNITS, Driver, PoolEntry, footprint, release,
+                                  reusable, session_units)
 from suite.memory import MemoryProbe
-from suite.duplex_session import (WARMUP_TURN_UNITS, Driver, PoolEntry, footprint, release, reusable,
-                                  session_units)
 from suite.runner import jsonable, make_spec, open_session
 
 SCHEMA = "duplexcadence.duplex/1"
-PERIOD_S = 1.0                 # the duplex cadence (DESIGN.md section 1)
 MIN_SECONDS = 60.0             # issue 7: zero misses "over 60 s"
 MODES = ("stock", "cadence")
 
