@@ -1,0 +1,252 @@
+"""Run many duplex sessions on one device, each on a one-second wall-clock cadence, with admission control.
+
+A session (a `Slot`) is a sequence of one-second units. Unit k of session s is *released* at
+`phase_s + k * period_s` on the scheduler's clock and is *due* one period later (DESIGN.md section 1: a
+deadline miss is a unit whose work ends after its period). A session's units run strictly in order
+(streaming state: unit k+1 reads what unit k wrote); a unit released while the previous one is still
+running starts late, and its lateness counts against it. Units without work (a LISTEN unit carrying no
+payload) are recorded with no run.
+
+Policies (how the kernels of different sessions meet on the device; never batched, DESIGN.md rule 3):
+* ``"edf"``: one host thread, one stream: among released units, the one with the earliest deadline runs
+  to completion, then the next. Deterministic order; no two sessions' kernels ever overlap.
+* ``"threads"``: one host thread per session, each with its own CUDA stream (on CUDA), each sleeping until
+  its unit's release; tiny kernels of different sessions may overlap on the device, each kernel still
+  computes one session's data only. Sessions that share mutable module state (one model instance) must
+  serialise the parts of `run_unit` that touch it themselves (suite.duplex holds one lock per model
+  instance around the tail): Python-level state swaps (e.g. a stock module buffer pointed at a
+  session's arena for one step) must not interleave.
+
+Admission control: every slot declares `footprint_bytes` (its arena + graph-pool bytes, or a stock
+instance's bytes); `admit` refuses a slot whose bytes do not fit in what is left of `budget_bytes`, with
+`AdmissionError`, before it is scheduled.
+
+The clock is injectable (`Clock`: `now()` seconds, `sleep_until(t)`), so tests drive misses and lateness
+deterministically. Nothing here times kernels: a slot's `run_unit` returns only when its unit's work is
+done (it synchronises), and the scheduler reads the clock before and after.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+POLICIES = ("edf", "threads")
+
+
+class AdmissionError(ValueError):
+    """A session's bytes do not fit in the scheduler's memory budget; nothing was admitted."""
+
+
+class ScheduleError(ValueError):
+    """Bad scheduler input (policy, period, phase, a unit list out of order); names the argument."""
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+    def sleep_until(self, t: float) -> None: ...
+
+
+class MonotonicClock:
+    """Seconds from `time.perf_counter`, relative to construction. sleep_until sleeps (never spins)."""
+
+    def __init__(self):
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def sleep_until(self, t: float) -> None:
+        dt = t - self.now()
+        if dt > 0:
+            time.sleep(dt)
+
+
+@dataclass
+class Slot:
+    """One session as the scheduler sees it.
+
+    units: the session's units in order, each with `.kind` ("LISTEN" | "SPEAK"); unit i is released at
+    `phase_s + i * period_s` (a unit's own `index` is kept in the records, not used for timing).
+    run_unit(unit) -> output: the unit's whole work (AR stage + tail for SPEAK), returning when done.
+    has_work(unit) -> bool: False for a unit that runs nothing (recorded with no run).
+    footprint_bytes: device bytes this session adds (arena + graph pool, or a stock instance).
+    stream: the CUDA stream this session's thread runs on under "threads" (None: the current stream).
+    """
+    name: str
+    units: Sequence[Any]
+    run_unit: Callable[[Any], Any]
+    has_work: Callable[[Any], bool]
+    footprint_bytes: int = 0
+    phase_s: float = 0.0
+    stream: Any = None
+
+
+@dataclass
+class UnitTiming:
+    """One unit of one session as it ran. Times in seconds on the scheduler's clock from run start;
+    lateness_s = end - deadline (negative: early; None for a unit without work); miss = lateness > 0."""
+    session: int
+    position: int            # place in the session's unit list
+    index: int               # the unit's own index (script row)
+    kind: str
+    release_s: float
+    deadline_s: float
+    start_s: float | None = None
+    end_s: float | None = None
+    lateness_s: float | None = None
+    miss: bool = False
+    output: Any = field(default=None, repr=False)
+
+    @property
+    def service_s(self) -> float | None:
+        """Time the unit's work took (end - start): the SPEAK time for a SPEAK unit."""
+        return None if self.start_s is None else self.end_s - self.start_s
+
+
+class CadenceScheduler:
+    """Admit sessions, then run all of them on the cadence.
+
+    period_s: the unit period (1.0: one unit per second); policy: "edf" | "threads"; clock: a `Clock`
+    (default MonotonicClock, started at `run`); budget_bytes: device bytes sessions may take together
+    (None: no limit). Raises ScheduleError for a bad argument.
+    """
+
+    def __init__(self, *, period_s: float = 1.0, policy: str = "edf", clock: Clock | None = None,
+                 budget_bytes: int | None = None):
+        if not isinstance(period_s, (int, float)) or period_s <= 0:
+            raise ScheduleError(f"period_s: expected a positive number of seconds, got {period_s!r}")
+        if policy not in POLICIES:
+            raise ScheduleError(f"policy: expected one of {POLICIES}, got {policy!r}")
+        if budget_bytes is not None and (not isinstance(budget_bytes, int) or budget_bytes < 0):
+            raise ScheduleError(f"budget_bytes: expected an int >= 0 or None, got {budget_bytes!r}")
+        self.period_s = float(period_s)
+        self.policy = policy
+        self.clock = clock
+        self.budget_bytes = budget_bytes
+        self.slots: list[Slot] = []
+
+    @property
+    def admitted_bytes(self) -> int:
+        return sum(s.footprint_bytes for s in self.slots)
+
+    def check(self, name: str, nbytes: int) -> None:
+        """Raise AdmissionError if a session of `nbytes` would not fit in the budget left (admits nothing;
+        call it with an estimate before building a session, then `admit` with the measured bytes)."""
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ScheduleError(f"session {name!r}: footprint_bytes: expected an int >= 0, got {nbytes!r}")
+        if self.budget_bytes is None:
+            return
+        left = self.budget_bytes - self.admitted_bytes
+        if nbytes > left:
+            mib = 2 ** 20
+            raise AdmissionError(
+                f"session {len(self.slots)} ({name!r}) needs {nbytes / mib:.1f} MiB (its arena + graph "
+                f"bytes), but only {left / mib:.1f} MiB of the {self.budget_bytes / mib:.1f} MiB budget is "
+                f"left after {len(self.slots)} session(s); run fewer sessions or raise the budget")
+
+    def admit(self, slot: Slot) -> int:
+        """Add a session; returns its session number. Raises AdmissionError if its footprint does not
+        fit in the budget left, ScheduleError for a negative phase or footprint."""
+        if not isinstance(slot.phase_s, (int, float)) or slot.phase_s < 0:
+            raise ScheduleError(f"slot {slot.name!r}: phase_s: expected >= 0 seconds, got {slot.phase_s!r}")
+        self.check(slot.name, slot.footprint_bytes)
+        self.slots.append(slot)
+        return len(self.slots) - 1
+
+    def timeline(self) -> list[UnitTiming]:
+        """Every unit's release and deadline, before anything runs (ordered by session, then unit)."""
+        out = []
+        for s, slot in enumerate(self.slots):
+            for i, unit in enumerate(slot.units):
+                release = slot.phase_s + i * self.period_s
+                out.append(UnitTiming(s, i, int(getattr(unit, "index", i)), str(unit.kind), release,
+                                      release + self.period_s))
+        return out
+
+    def run(self) -> list[UnitTiming]:
+        """Run every admitted session on the cadence; returns one UnitTiming per unit (timeline order).
+        An exception in a unit stops the run and propagates (threads: re-raised after all threads end)."""
+        if self.clock is None:
+            self.clock = MonotonicClock()
+        records = self.timeline()
+        by_session: list[list[UnitTiming]] = [[] for _ in self.slots]
+        for rec in records:
+            by_session[rec.session].append(rec)
+        if self.policy == "edf":
+            self._run_edf(by_session)
+        else:
+            self._run_threads(by_session)
+        return records
+
+    # --- one unit ----------------------------------------------------------------------------------
+    def _run_one(self, slot: Slot, rec: UnitTiming) -> None:
+        unit = slot.units[rec.position]
+        if not slot.has_work(unit):
+            return
+        rec.start_s = self.clock.now()
+        rec.output = slot.run_unit(unit)
+        rec.end_s = self.clock.now()
+        rec.lateness_s = rec.end_s - rec.deadline_s
+        rec.miss = rec.lateness_s > 0
+
+    # --- earliest deadline first, one thread ---------------------------------------------------------
+    def _run_edf(self, by_session: list[list[UnitTiming]]) -> None:
+        nxt = [0] * len(by_session)
+        while True:
+            pending = [(q[nxt[s]].deadline_s, s) for s, q in enumerate(by_session) if nxt[s] < len(q)]
+            if not pending:
+                return
+            now = self.clock.now()
+            ready = [(d, s) for d, s in pending if by_session[s][nxt[s]].release_s <= now]
+            if not ready:
+                self.clock.sleep_until(min(by_session[s][nxt[s]].release_s for _, s in pending))
+                continue
+            _, s = min(ready)
+            self._run_one(self.slots[s], by_session[s][nxt[s]])
+            nxt[s] += 1
+
+    # --- one thread (and stream) per session -------------------------------------------------------------
+    def _run_threads(self, by_session: list[list[UnitTiming]]) -> None:
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def worker(s: int) -> None:
+            slot = self.slots[s]
+            try:
+                ctx = _stream_context(slot.stream)
+                with ctx:
+                    for rec in by_session[s]:
+                        if stop.is_set():
+                            return
+                        self.clock.sleep_until(rec.release_s)
+                        self._run_one(slot, rec)
+            except BaseException as exc:  # re-raised in the caller's thread
+                errors.append(exc)
+                stop.set()
+
+        threads = [threading.Thread(target=worker, args=(s,), name=f"session-{s}", daemon=True)
+                   for s in range(len(self.slots))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+
+def _stream_context(stream):
+    """`torch.cuda.stream(stream)` for a CUDA stream, else a no-op context."""
+    if stream is None:
+        import contextlib
+        return contextlib.nullcontext()
+    import torch
+    return torch.cuda.stream(stream)
+
+
+def staggered_phases(n: int, period_s: float = 1.0) -> list[float]:
+    """Phases of n sessions spread evenly over one period: s * period / n. Raises ScheduleError for n < 1."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ScheduleError(f"n: expected an int >= 1 sessions, got {n!r}")
+    return [s * period_s / n for s in range(n)]
