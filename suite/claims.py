@@ -57,11 +57,30 @@ def load(run_dir: str | Path) -> dict:
 
 
 def _duplex_figures(folder: Path) -> dict | None:
-    """The first JSON in the duplex stage folder with a `modes` dict of stock / cadence figures."""
+    """Stock / cadence figures of the duplex stage: from `duplex.json` (suite.duplex, schema
+    duplexcadence.duplex/1): per mode, the one-session run's mean and p99 SPEAK time as a percentage over
+    (+) or under (-) the 1 s cadence and its miss rate, and the largest session count with zero misses;
+    or the first JSON in the folder that already has a `modes` dict of such figures."""
     for path in sorted(folder.rglob("*.json")):
         data = _json(path)
-        if isinstance(data, dict) and isinstance(data.get("modes"), dict):
+        if not isinstance(data, dict):
+            continue
+        if isinstance(data.get("modes"), dict):
             return {"file": str(path.relative_to(folder)), **data}
+        if str(data.get("schema", "")).startswith("duplexcadence.duplex/") and data.get("workloads"):
+            w = next(iter(data["workloads"].values()))
+            modes = {}
+            for mode, m in w.get("modes", {}).items():
+                solo = next((r for r in m.get("runs", []) if r.get("sessions") == 1 and not r.get("refused")), None)
+                met = (solo or {}).get("metrics", {})
+                pct = (lambda f: None if f is None else 100.0 * (f - 1.0))
+                modes[mode] = {"speak_vs_period_pct_mean": pct(met.get("speak_frac_mean")),
+                               "speak_vs_period_pct_p99": pct(met.get("speak_frac_p99")),
+                               "miss_rate": met.get("miss_rate"),
+                               "max_sessions_zero_miss": m.get("max_zero_miss_sessions"),
+                               "seconds": data.get("parameters", {}).get("seconds"),
+                               "ar": w.get("ar")}
+            return {"file": str(path.relative_to(folder)), "modes": modes, "verdict": data.get("verdict")}
     return None
 
 

@@ -213,12 +213,15 @@ def kernels_table(record: dict) -> str:
         rows.append([mode, _f(m.get("units_profiled")), _f(m.get("kernel_launches_per_unit_p50")),
                      _f(m.get("graph_launches_per_unit_p50")), _f(m.get("kernels_per_unit_p50")),
                      _f(m.get("kernel_busy_ms_per_unit_p50")), _f(m.get("tail_ms_p50")),
-                     _f(m.get("tail_over_kernel_busy_x"), ".2f")])
+                     _f(m.get("tail_over_kernel_busy_x"), ".2f"), _f(m.get("graph_replays_per_unit_p50")),
+                     f"{_f(m.get('graph_captures_measured_units'))} / {_f(m.get('eager_fallbacks_measured_units'))}"
+                     f" / {_f(m.get('warmup_runs_measured_units'))}"])
     if not rows:
         return "No unit was profiled (CPU run)."
     return _table(rows, ["mode", "units profiled", "kernel launches / unit", "graph launches / unit",
                          "kernels run / unit", "GPU kernel-busy ms / unit", "tail ms p50 (timed units)",
-                         "tail / kernel-busy"])
+                         "tail / kernel-busy", "graph replays / unit",
+                         "captures / eager fallbacks / eager first runs in measured units"])
 
 
 def memory_table(record: dict) -> str:

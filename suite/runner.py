@@ -305,10 +305,35 @@ def metrics(units: list[UnitRecord], sample_rate: int, period_s: float = UNIT_PE
         "tail_vs_period_pct_p50": 100.0 * (p50 / (period_s * 1e3) - 1.0),
         "deadline_misses": int(np.sum(tail > period_s * 1e3)),
     })
+    graphs = _graph_deltas(units, measured)
+    if graphs:
+        out.update(graphs)
     if prof:   # issue 3: tail time against the GPU kernel-busy time of the same run
         out["tail_over_kernel_busy_x"] = p50 / out["kernel_busy_ms_per_unit_p50"] \
             if out["kernel_busy_ms_per_unit_p50"] > 0 else None
     return out
+
+
+def _graph_deltas(units: list[UnitRecord], measured: list[UnitRecord]) -> dict:
+    """Per-unit changes of the session's cumulative graph counters (UnitRecord.stats), over the measured
+    units: captures and eager fallbacks in them (issue 3: both 0 in steady units) and replays per unit."""
+    keys = ("captures", "replays", "eager_fallbacks", "warmup_runs")
+    prev, deltas = None, {}
+    for u in units:
+        if not u.stats or not all(isinstance(u.stats.get(k), (int, float)) for k in keys):
+            continue
+        cur = {k: u.stats[k] for k in keys}
+        base = prev or {k: 0 for k in keys}
+        deltas[u.index] = {k: cur[k] - base[k] for k in keys}
+        prev = cur
+    rows = [deltas[u.index] for u in measured if u.index in deltas]
+    if not rows:
+        return {}
+    return {"graph_captures_measured_units": int(sum(r["captures"] for r in rows)),
+            "eager_fallbacks_measured_units": int(sum(r["eager_fallbacks"] for r in rows)),
+            "warmup_runs_measured_units": int(sum(r["warmup_runs"] for r in rows)),
+            "units_with_capture": [u.index for u in measured if deltas.get(u.index, {}).get("captures")],
+            "graph_replays_per_unit_p50": float(np.percentile([r["replays"] for r in rows], 50))}
 
 
 def judge(units: list[UnitRecord], provenance: dict, *, min_units: int = MIN_MEASURED_UNITS,

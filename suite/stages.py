@@ -54,6 +54,15 @@ BUDGET_S = {
     "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex": 1800},
 }
 ESTIMATE_MARGIN = 1.5                   # a stage is expected to take up to 1.5x its family's slowest done stage
+#: The duplex stage: tail only (AR none), 60 s per session count (issue 7), counts around the expected
+#: limits (stock MiniCPM-o ~4 per GPU at ~250 ms per unit; the issue's target is 24 cadence sessions).
+DUPLEX_SECONDS = 60
+DUPLEX_SESSIONS = {
+    "minicpmo45": ["--sessions", "1,8,12,16,24", "--stock-sessions", "1,2,4,6"],
+    "minicpmo45_5step": ["--sessions", "1,8,16,24,32", "--stock-sessions", "1,2,4,6"],
+    "moshi": ["--sessions", "1,16,32,48", "--stock-sessions", "1,2,4,8"],
+    "default": ["--sessions", "1,2,4,8", "--stock-sessions", "1,2,4"],
+}
 DUPLEX_MODULE = "suite.duplex"          # issue 7's harness; a stage slot until it exists
 LOG_TAIL_LINES = 20
 
@@ -253,7 +262,12 @@ def stage_argv(stage: Stage, out_dir: Path, options: dict) -> list[str]:
     options: device, steps, seconds, max_speak_units, depth, seed, notes (the run's --options)."""
     if stage.harness == "duplex":
         argv = [DUPLEX_MODULE, "--workload", stage.workload, "--device", options["device"],
-                "--out", str(out_dir)]
+                "--out", str(out_dir), "--ar", "none", "--seconds", str(DUPLEX_SECONDS), "--after-miss", "0",
+                "--quiet", *DUPLEX_SESSIONS.get(stage.workload, DUPLEX_SESSIONS["default"])]
+        if options.get("depth") and options["depth"] != "released":
+            argv += ["--depth", options["depth"]]
+        if options.get("steps"):
+            argv += ["--steps", str(options["steps"])]
         return argv
     argv = ["suite.stage_run", stage.harness if stage.harness == "verify" else "mode",
             "--workload", stage.workload, "--device", options["device"], "--out", str(out_dir),

@@ -353,3 +353,19 @@ def test_memory_stages_run_one_subprocess_per_mode(tmp_path):
 def test_stage_run_bad_input():
     assert stage_run.main(["mode", "--workload", "moshi", "--device", "cpu", "--out", "x"]) == 2   # no --mode
     assert stage_run.main(["verify", "--workload", "nosuch", "--device", "cpu", "--out", "x"]) == 2
+
+
+def test_duplex_json_of_the_harness_gives_the_claim_figures(tmp_path):
+    """suite.duplex writes duplex.json (schema duplexcadence.duplex/1); the claims read the one-session
+    run's mean / p99 SPEAK time as % over the cadence, its miss rate, and the zero-miss session count."""
+    runs = lambda frac, p99, misses, best: {"max_zero_miss_sessions": best, "runs": [  # noqa: E731
+        {"sessions": 1, "metrics": {"speak_frac_mean": frac, "speak_frac_p99": p99, "miss_rate": misses}},
+        {"sessions": 8, "metrics": {"speak_frac_mean": 2.0, "speak_frac_p99": 3.0, "miss_rate": 0.5}}]}
+    (tmp_path / "duplex.json").write_text(json.dumps({
+        "schema": "duplexcadence.duplex/1", "parameters": {"seconds": 60},
+        "workloads": {"w": {"ar": {"kind": "none"}, "modes": {"stock": runs(1.14, 1.3, 0.4, 0),
+                                                              "cadence": runs(0.1, 0.2, 0.0, 12)}}}}))
+    d = claims._duplex_figures(tmp_path)
+    assert d["modes"]["stock"]["speak_vs_period_pct_mean"] == pytest.approx(14.0)
+    assert d["modes"]["cadence"]["speak_vs_period_pct_p99"] == pytest.approx(-80.0)
+    assert d["modes"]["stock"]["miss_rate"] == 0.4 and d["modes"]["cadence"]["max_sessions_zero_miss"] == 12

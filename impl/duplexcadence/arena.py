@@ -140,6 +140,17 @@ class Arena:
             return self._vmm.mapped_bytes
         return 0 if self._block is None else self._block.numel()
 
+    def close(self) -> None:
+        """Give the arena's memory back (vmm: unmap, release and free the range; else drop the block).
+        Views taken from it must not be used afterwards; graphs captured on it must be dropped first.
+        Calling it twice is harmless."""
+        if self._block is None:
+            return
+        self._block = None
+        if self._vmm is not None:
+            self._vmm.close()
+            self._vmm = None
+
     def ensure(self, offset: int, nbytes: int) -> None:
         """Make [offset, offset + nbytes) backed by physical memory (vmm maps granules; host work)."""
         if self._block is None:

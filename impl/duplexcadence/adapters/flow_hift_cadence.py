@@ -70,6 +70,21 @@ class _DeviceTimestepTable:
         return embedding
 
 
+def voice_base(t2w, prompt: fh.Prompt, n_steps: int) -> tuple[dict, dict]:
+    """The voice's stream caches right after `Token2wav.set_stream_cache` (token2wav.py L192-204): flow
+    caches (estimator caches cut to the `n_steps` Euler steps in use) and the vocoder's reset cache dict.
+    Computed once per (model, voice, steps) and kept on the model; sessions copy from it at start_turn
+    and never write to it. Returns (flow caches by stock name, vocoder cache dict)."""
+    bases = t2w.__dict__.setdefault("_duplexcadence_voice_base", {})
+    key = (prompt.key, n_steps)
+    if key not in bases:
+        flow_cache, hift_cache = t2w.set_stream_cache(prompt.key)
+        flow = {k: (v[:n_steps] if k.startswith("estimator") else v).clone() for k, v in flow_cache.items()}
+        bases[key] = (flow, fh.clone_recursive(hift_cache))
+        # set_stream_cache left the stock CFM buffers holding this voice; cadence never reads them.
+    return bases[key]
+
+
 PREPARE_TURNS = 2     # synthetic turns run at session open on CUDA (prepare)
 PREPARE_UNITS = 5     # full units per synthetic turn: first, ramp and steady shapes recur by the 4th
 PREPARE_SEED = 20261130
@@ -110,11 +125,9 @@ class CadenceSession:
         dtype = next(flow.parameters()).dtype
         self.dtype = dtype
 
-        # Per-voice base caches: the stock set-up, run once (as MiniCPM-o does per voice).
-        flow_cache, hift_cache = t2w.set_stream_cache(prompt.key)
-        self._base_flow = {k: v.clone() for k, v in flow_cache.items()}
-        self._base_hift = fh.clone_recursive(hift_cache)
-        # set_stream_cache left the stock CFM buffers holding this voice; cadence never reads them.
+        # Per-voice base caches: the stock set-up, run once per voice and model (as MiniCPM-o does per
+        # voice) and shared, read-only, by every cadence session of that voice: only the Euler steps in use.
+        self._base_flow, self._base_hift = voice_base(t2w, prompt, self.n_steps)
 
         self.arena = Arena(self.device, backend=arena_backend, name="flow_hift")
         a = self.arena
@@ -225,6 +238,15 @@ class CadenceSession:
         wave = np.concatenate([w.reshape(-1) for w in waves]) if waves else np.zeros(0, np.float32)
         return UnitOutput(wave.astype(np.float32, copy=False), fh.to_pcm16(wave),
                           {"calls": [len(c.tokens) for c in calls]})
+
+    def close(self) -> None:
+        """Drop the session's graphs and give its arena back (the shared model and voice base stay).
+        The session cannot be used afterwards."""
+        self.graphs.close()
+        self.graphs.entries.clear()
+        self.vocoder = None
+        self.buffer = None
+        self.arena.close()
 
     def stats(self) -> dict:
         out = self.graphs.stats.snapshot()
