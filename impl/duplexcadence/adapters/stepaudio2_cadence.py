@@ -61,19 +61,24 @@ Random draws: SineGen2 draws `torch.rand(..., device=f0.device)` (layers.py L314
 `torch.randn_like(sine_waves)` (L378), SourceModuleHnNSF2 `torch.randn_like(uv)` (L432): all on the
 default generator of the HiFT's device (the CUDA default generator on the GPU; nothing on the CPU
 generator is drawn and copied over), so all of them can be inside the graph. Why replay consumes the
-generator exactly as eager does (torch 2.13, ATen/cuda/CUDAGeneratorImpl.h L22-61, Note [CUDA Graph-safe
-RNG states], and CUDAGraph.cpp `CUDAGraph::replay`): during capture each RNG kernel gets a
-PhiloxCudaState holding a pointer to a device tensor with the initial offset plus an intra-graph offset
-that starts at 0 and grows by the same per-kernel increment as eager; at capture end the total is
-recorded as the graph's `wholegraph_increment` (`CUDAGeneratorState::capture_epilogue`, L125-145); the
-default generator is registered with the graph at capture begin (`captured_generator_states_`,
-CUDAGraph.h L132-135). Each `replay()` first calls `replay_prologue(wholegraph_increment)` on every
-registered generator state: it fills the seed/offset tensors with the generator's current seed and offset
-and then advances the offset by the whole-graph total. So kernel k of a replay draws at offset
-(current offset + increments of kernels 0..k-1), which is eager's offset, and after the replay the
-generator sits where eager leaves it. Capture itself draws nothing and does not move the offset;
-GraphCache replays right after a capture, so capture + replay = one eager call. The GPU check
-(suite/gpu/stepaudio2_check.py) shows equal offsets after every unit.
+generator exactly as eager does (read in the torch 2.13 headers installed here, ATen/cuda/
+CUDAGeneratorImpl.h and CUDAGraph.h, and pytorch/pytorch aten/src/ATen/cuda/CUDAGraph.cpp
+`CUDAGraph::replay`): Note [CUDA Graph-safe RNG states] (CUDAGeneratorImpl.h L22-61) -- "A CUDA graph
+containing multiple RNG ops behaves like a single giant kernel from the perspective of ops external to
+the graph": during capture every RNG kernel's PhiloxCudaState (`philox_cuda_state(increment)`, L178)
+holds a pointer to a device tensor with the initial offset plus an intra-graph offset that starts at 0
+when capture begins and grows by the same per-kernel increment eager adds to the generator; at capture
+end the total becomes the graph's whole-graph increment (`CUDAGeneratorState::capture_epilogue`, L143),
+and the generator state is registered with the graph (`register_generator_state`, CUDAGraph.h L69-70;
+`captured_generator_states_`, L132-135; `CUDAGraph::capture_begin`: "default generator is always
+registered", the current device's). Every `CUDAGraph::replay()` first calls `replay_prologue(capture id, wholegraph_increment)` (L144)
+on each registered state: it fills the seed/offset tensors with the generator's current seed and offset,
+then advances the offset by the whole-graph total. So kernel k of a replay draws at (current offset +
+increments of kernels 0..k-1), eager's offset, and after the replay the generator sits where eager leaves
+it; the note: "graphed execution is bitwise identical to eager execution as long as RNG ops are enqueued
+from a single thread" (L58-61). Capture itself launches nothing and does not move the offset; GraphCache
+replays right after capturing, so capture + replay = one eager call, and a signature's first call runs
+eagerly (warmup=1). The GPU check (suite/gpu/stepaudio2_check.py) records the offset after every unit.
 
 On the CPU (tests) "dit+hift" runs the same routing eagerly (GraphCache disabled): static input copies,
 the patched `_istft`, arena outputs, eager istft; the same bytes and generator state as stock.
