@@ -71,9 +71,10 @@ when capture begins and grows by the same per-kernel increment eager adds to the
 end the total becomes the graph's whole-graph increment (`CUDAGeneratorState::capture_epilogue`, L143),
 and the generator state is registered with the graph (`register_generator_state`, CUDAGraph.h L69-70;
 `captured_generator_states_`, L132-135; `CUDAGraph::capture_begin`: "default generator is always
-registered", the current device's). Every `CUDAGraph::replay()` first calls `replay_prologue(capture id, wholegraph_increment)` (L144)
-on each registered state: it fills the seed/offset tensors with the generator's current seed and offset,
-then advances the offset by the whole-graph total. So kernel k of a replay draws at (current offset +
+registered", the current device's). Every `CUDAGraph::replay()` first calls
+`replay_prologue(capture id, wholegraph_increment)` (CUDAGeneratorImpl.h L144) on each registered state:
+it fills the seed/offset tensors with the generator's current seed and offset, then advances the offset
+by the whole-graph total. So kernel k of a replay draws at (current offset +
 increments of kernels 0..k-1), eager's offset, and after the replay the generator sits where eager leaves
 it; the note: "graphed execution is bitwise identical to eager execution as long as RNG ops are enqueued
 from a single thread" (L58-61). Capture itself launches nothing and does not move the offset; GraphCache
@@ -263,7 +264,8 @@ class CadenceSession(_FlowCadence):
 
     def stats(self) -> dict:
         out = self.graphs.stats.snapshot()
-        out.update(arena_backend=self.arena.backend, arena_fallback=self.arena.fallback,
+        out.update(graph_mode=self.graph_mode, arena_backend=self.arena.backend,
+                   arena_fallback=self.arena.fallback,
                    arena_bytes_reserved=self.arena.bytes_reserved, arena_bytes_mapped=self.arena.bytes_mapped,
                    graph_pool_bytes=self.graphs.pool_bytes, graphs=len(self.graphs.entries),
                    conformer_frames=self.len_conf, estimator_frames=self.len_est,
