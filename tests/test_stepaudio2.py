@@ -67,7 +67,8 @@ def runs(model):
     """Stock then cadence over TURNS; the cadence run records its region addresses and clocks per unit."""
     stock = fh.new_session(model, "stock")          # through flow_hift, as the suite's runner opens it
     assert isinstance(stock, sa.StockSession)
-    stock_out = run(stock)
+    stock_rng = []
+    stock_out = run(stock, observe=lambda s, unit: stock_rng.append(torch.get_rng_state()))
     seen = []
 
     def observe(s, unit):
@@ -77,7 +78,8 @@ def runs(model):
 
     cad = fh.new_session(model, "cadence")
     cad_out = run(cad, observe=observe)
-    return {"stock": stock, "cadence": cad, "stock_out": stock_out, "cad_out": cad_out, "seen": seen}
+    return {"stock": stock, "cadence": cad, "stock_out": stock_out, "cad_out": cad_out, "seen": seen,
+            "stock_rng": stock_rng}
 
 
 def test_plan_calls_follows_the_upstream_buffer_loop():
@@ -246,3 +248,53 @@ def test_graphed_decoder_routing_is_bit_exact_on_cpu(runs, model, monkeypatch):
     compare_units("stepaudio2-reduced", 1, runs["stock_out"][1], outs[1])
     assert sigs == [("dit", 50, model.prompt.mel_frames, STEPS)]
     assert "forward_chunk" not in vars(model.t2w.flow.decoder)      # the stock method is back
+
+
+def test_dit_hift_mode_eager_path_bit_exact_with_equal_generator_state(runs, model, monkeypatch):
+    """graphs="dit+hift" on the CPU runs its routing eagerly (static HiFT input in the arena, `_istft`
+    patched for the step, magnitude/phase/source tail written to arena regions, stock istft after): every
+    unit's bytes equal stock's and the default generator (the HiFT's rand/randn draws) is in the same state
+    after every unit; signatures carry every length; the stock methods are back after each step."""
+    from duplexcadence.adapters.stepaudio2_cadence import CadenceSession
+    with pytest.raises(ValueError, match="graphs"):
+        CadenceSession(model.t2w, model.prompt, graphs="hift")
+    assert "hift_in_mel" not in runs["cadence"].arena.regions        # default mode: no extra regions
+    cad = sa.new_session(model, "cadence", {"cadence": {"graphs": "dit+hift"}})
+    assert cad.graph_mode == "dit+hift" and not cad.graphs.enabled   # CPU: the same routing, eagerly
+    sigs, run_graph = [], cad.graphs.run
+    monkeypatch.setattr(cad.graphs, "run", lambda sig, step: (sigs.append(sig), run_graph(sig, step))[1])
+    rng = []
+    outs = run(cad, observe=lambda s, unit: rng.append(torch.get_rng_state()))
+    for unit, (a, b) in enumerate(zip(runs["stock_out"], outs)):
+        compare_units("stepaudio2-reduced-dit+hift", unit, a, b)
+        assert torch.equal(runs["stock_rng"][unit], rng[unit]), f"unit {unit}: generator state differs"
+    hift = [s for s in sigs if s[0] == "hift"]
+    P = model.prompt.mel_frames
+    assert hift == [("hift", 50, 0, 0, 3840), ("hift", 58, 8, 3840, 3840), ("hift", 58, 8, 3840, 3840),
+                    ("hift", 58, 8, 3840, 3840), ("hift", 20, 8, 3840, 3840), ("hift", 12, 8, 3840, 3840),
+                    ("hift", 46, 8, 3840, 3840)]
+    assert [s for s in sigs if s[0] == "dit"][:3] == [("dit", 50, P, STEPS), ("dit", 50, P + 50, STEPS),
+                                                      ("dit", 50, P + 100, STEPS)]
+    assert cad.stats()["eager_runs"] == len(sigs) and cad.stats()["captures"] == 0
+    assert "_istft" not in vars(model.t2w.hift) and "forward_chunk" not in vars(model.t2w.flow.decoder)
+    state, stock = cad.state_tensors(), runs["stock"]
+    for k in ("mel", "source", "speech"):
+        assert torch.equal(state[f"hift_{k}"], stock._hift_cache[k])
+    assert torch.equal(state["conformer_att"], stock.caches["conformer_att_cache"])
+    cad.close()
+
+
+def test_device_constants_one_copy_per_content():
+    """`_DeviceConstants` (the HiFT step's stand-in for constant host-to-device copies) on the meta device:
+    equal content gives the same cached copy, other content or arguments another; CPU->CPU passes through."""
+    from duplexcadence.adapters.stepaudio2_cadence import _DeviceConstants
+    cache = {}
+    with _DeviceConstants(cache):
+        a = torch.arange(3.).to("meta")
+        b = torch.arange(3.).to("meta")
+        c = torch.arange(4.).to("meta")
+        d = torch.arange(3.).to("meta", torch.float64)
+        e = torch.arange(3.).to(torch.float64)
+        h = torch.FloatTensor([[range(1, 10)]]).to(torch.device("meta"))   # layers.py L366's expression
+    assert a is b and a is not c and d.dtype == torch.float64 and d is not a
+    assert e.device.type == "cpu" and h.shape == (1, 1, 9) and len(cache) == 4

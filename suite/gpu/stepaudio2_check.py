@@ -4,24 +4,29 @@ turn: bytes, generator offsets, ms per unit, driver memory at the 60 s mark, are
 One process, one model instance (released flow + HiFTGenerator() with seeded random weights, 10 Euler
 steps), modes run one after the other, each session seeding the default generators when it opens:
 `stock` (stepaudio2.StockSession, t2w @ b1bb23c), `cadence` (eager flow on arena views) and, on CUDA,
-`cadence_graphs` (the DiT segment replayed as a CUDA graph keyed by (mel frames, DiT length); encoder
-and HiFT eager). Turn 0 is continuous: --units SPEAK units of 25 tokens (the conformer cache grows 50
-frames a unit, never trimmed upstream); turn 1 has 3 units on the same caches (upstream never resets).
+`cadence_graphs` (graphs=True: the DiT segment replayed as a CUDA graph keyed by (mel frames, DiT length);
+encoder and HiFT eager) and `cadence_dit_hift` (graphs="dit+hift": also the HiFT call up to its istft,
+one graph per (T, cached mel, cached source, kept source) with its rand/randn draws inside; istft,
+cross-fade and cache updates eager). Turn 0 is continuous: --units SPEAK units of 25 tokens (the conformer
+cache grows 50 frames a unit, never trimmed upstream); turn 1 has 3 units on the same caches (upstream
+never resets).
 
 Per unit and mode: sha256 of the float32 waveform and int16 PCM; the CUDA default generator's offset
 (`Generator.get_offset()`, else the sha256 of `torch.cuda.get_rng_state()`) after the unit -- the HiFT
 draws torch.rand/randn_like on it every call, so equal offsets say both modes consumed the same random
-stream; ms per unit (CUDA events around `speak`, audio D2H included); conformer frames; arena bytes
+stream; the session's graph counters after the unit (captures, replays, capture failures, eager
+fallbacks); ms per unit (CUDA events around `speak`, audio D2H included); conformer frames; arena bytes
 mapped and reserved (cadence). Memory at the 60 s mark of turn 0 (after unit --mark, default 60): the
 driver's used memory (NVML, else cudaMemGetInfo) minus the same reading before the session opened
 (after empty_cache), torch's allocated/reserved and the arena's mapped bytes; and the session's peak of
 torch reserved + arena mapped.
 
-    TORCHDYNAMO_DISABLE=1 python -m suite.gpu.stepaudio2_check --out DIR                  # H200, < 5 min
+    TORCHDYNAMO_DISABLE=1 python -m suite.gpu.stepaudio2_check --out DIR                  # H200, < 4 min
     TORCHDYNAMO_DISABLE=1 python -m suite.gpu.stepaudio2_check --device cpu --depth reduced --steps 2 \\
         --units 4 --mark 3 --out DIR                                                     # CPU, tiny
-Writes DIR/stepaudio2_check.json and prints a short table last. Exit status 1 if any unit's bytes or
-generator offset differ between modes.
+Writes DIR/stepaudio2_check.json; prints the dit+hift mode's per-unit rows, then the summary table last
+(per mode: ms, x stock, memory, bytes and generator offsets equal to stock on every unit, captures,
+replays, capture failures, wall seconds). Exit status 1 if any unit's bytes or generator offset differ.
 """
 from __future__ import annotations
 
@@ -42,6 +47,9 @@ from suite import env
 from suite.memory import _Driver
 
 MIB = 1024 * 1024
+#: cadence modes -> CadenceSession(graphs=...)
+GRAPHS = {"cadence": False, "cadence_graphs": True, "cadence_dit_hift": "dit+hift"}
+GRAPH_COUNTERS = ("captures", "replays", "warmup_runs", "eager_runs", "eager_fallbacks", "capture_failures")
 VOICE = Path(__file__).resolve().parents[2] / "workloads" / "data" / "voice_prompts" / \
     "librispeech_8297-275156-0011_24k.wav"
 
@@ -55,7 +63,9 @@ def parse_args(argv):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--depth", choices=("released", "reduced"), default="released")
     p.add_argument("--seed", type=int, default=0, help="weights and generator seed (tokens use seed + 3000)")
-    p.add_argument("--no-graphs", action="store_true", help="skip the cadence_graphs mode")
+    p.add_argument("--no-graphs", action="store_true",
+                   help="skip the graph modes (cadence_graphs, cadence_dit_hift)")
+    p.add_argument("--modes", default=None, help="comma list of modes to run (default: all the device allows)")
     a = p.parse_args(argv)
     if a.units < 2 or not 1 <= a.mark <= a.units:
         p.error(f"--units >= 2 and 1 <= --mark <= --units, got --units {a.units} --mark {a.mark}")
@@ -127,7 +137,7 @@ def run_mode(model, mode: str, turns, device, args, driver) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     base_used = driver.used_mib() if driver else None
     base_reserved = torch.cuda.memory_reserved(device) / MIB if device.type == "cuda" else None
-    spec = {"cadence": {"graphs": mode == "cadence_graphs"}}
+    spec = {"cadence": {"graphs": GRAPHS[mode]}} if mode != "stock" else {}
     session = sa.new_session(model, "stock" if mode == "stock" else "cadence", spec)
     units, peak, mark = [], 0.0, None
     for t, turn in enumerate(turns):
@@ -141,7 +151,8 @@ def run_mode(model, mode: str, turns, device, args, driver) -> dict:
                    "sha256_pcm16": i16, "rng": rng_mark(device), "conformer_frames": st.get("conformer_frames"),
                    "arena_bytes_mapped": st.get("arena_bytes_mapped"),
                    "arena_bytes_reserved": st.get("arena_bytes_reserved"),
-                   "std": float(out.waveform.std()) if out.samples else None}
+                   "std": float(out.waveform.std()) if out.samples else None,
+                   "graphs": {k: st.get(k) for k in GRAPH_COUNTERS} if "captures" in st else None}
             if device.type == "cuda":
                 now = torch.cuda.memory_reserved(device) / MIB + (st.get("arena_bytes_mapped") or 0) / MIB \
                     * (st.get("arena_backend") == "vmm")
@@ -169,7 +180,9 @@ def compare(ref: dict, other: dict) -> dict:
     for i, (a, b) in enumerate(zip(ref["units"], other["units"])):
         same = a["sha256_f32"] == b["sha256_f32"] and a["sha256_pcm16"] == b["sha256_pcm16"]
         rng_same = a["rng"] == b["rng"]
-        rows.append({"unit": i, "bytes_equal": same, "rng_equal": rng_same})
+        rows.append({"unit": i, "turn": b["turn"], "unit_in_turn": b["unit_in_turn"], "calls": b["calls"],
+                     "bytes_equal": same, "rng_equal": rng_same, "offset": b["rng"]["offset"],
+                     "offset_stock": a["rng"]["offset"], "graphs": b.get("graphs")})
         if not same:
             bad_bytes.append(i)
         if not rng_same:
@@ -196,13 +209,21 @@ def per_minute(res: dict) -> dict | None:
 
 
 def main(argv=None) -> int:
+    t_start = time.perf_counter()
     args = parse_args(argv)
     device = torch.device(args.device)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     prov = env.provenance(device=device)
     driver = _Driver(device) if device.type == "cuda" else None
-    modes = ["stock", "cadence"] + ([] if device.type != "cuda" or args.no_graphs else ["cadence_graphs"])
+    modes = ["stock", "cadence"] + ([] if device.type != "cuda" or args.no_graphs
+                                    else ["cadence_graphs", "cadence_dit_hift"])
+    if args.modes:
+        asked = [m.strip() for m in args.modes.split(",") if m.strip()]
+        unknown = [m for m in asked if m not in GRAPHS and m != "stock"]
+        if unknown or (device.type != "cuda" and any(GRAPHS.get(m) is True for m in asked)):
+            raise SystemExit(f"--modes: unknown or not on {device}: {asked} (known: stock, {', '.join(GRAPHS)})")
+        modes = ["stock"] + [m for m in asked if m != "stock"]
     with env.deterministic() as det:
         t0 = time.perf_counter()
         spec = {"variant": "stepaudio2", "n_timesteps": args.steps, "voice_prompt": str(VOICE),
@@ -215,7 +236,12 @@ def main(argv=None) -> int:
         if need > sa.position_limit(model.t2w.flow):
             raise SystemExit(f"--units {args.units}: the conformer cache would reach ~{need} frames, past the "
                              f"position table ({sa.position_limit(model.t2w.flow)}); use fewer units")
-        results = {m: run_mode(model, m, turns, device, args, driver) for m in modes}
+        results = {}
+        for m in modes:
+            t1 = time.perf_counter()
+            results[m] = run_mode(model, m, turns, device, args, driver)
+            results[m]["wall_s"] = time.perf_counter() - t1
+            print(f"{m}: {results[m]['wall_s']:.1f} s", flush=True)
     comparisons = {m: compare(results["stock"], results[m]) for m in modes if m != "stock"}
     record = {"provenance": prov, "determinism": det, "args": vars(args), "build_s": build_s,
               "prompt_mel_frames": P, "position_limit": sa.position_limit(model.t2w.flow),
@@ -227,12 +253,42 @@ def main(argv=None) -> int:
     ok = all(not c["bytes_mismatch"] and not c["rng_mismatch"] for c in comparisons.values())
 
     name = env.device_short_name(prov.get("device") or {})
-    print(f"\nStep-Audio 2 mini tail, {device} ({name}), depth {args.depth}, "
-          f"{args.steps} steps, P = {P} mel frames, turn 0 = {args.units} units; json: {path}")
+    fmt = (lambda v: f"{v:.1f}" if v is not None else "-")
+    for m in [x for x in modes if x == "cadence_dit_hift"]:
+        print(f"\n{m}, per unit (cumulative graph counters after the unit; offset = CUDA default generator):")
+        print(f"{'unit':>5}{'turn/k':>8}{'calls':>10}{'bytes':>7}{'rng':>5}{'offset':>10}{'stock':>10}"
+              f"{'capt':>6}{'repl':>6}{'fail':>6}{'fallb':>6}")
+        for r in comparisons[m]["rows"]:
+            g = r["graphs"] or {}
+            print(f"{r['unit']:>5}{str(r['turn']) + '/' + str(r['unit_in_turn']):>8}"
+                  f"{','.join(map(str, r['calls'])) or '-':>10}{'ok' if r['bytes_equal'] else 'DIFF':>7}"
+                  f"{'ok' if r['rng_equal'] else 'DIFF':>5}{str(r['offset']):>10}{str(r['offset_stock']):>10}"
+                  f"{str(g.get('captures', '-')):>6}{str(g.get('replays', '-')):>6}"
+                  f"{str(g.get('capture_failures', '-')):>6}{str(g.get('eager_fallbacks', '-')):>6}")
+    print()
     s_ms = results["stock"]["ms_steady"].get("p50")
     s_mark = (results["stock"]["mark"] or {}).get("driver_used_minus_before_mib")
-    print(f"{'mode':<16}{'ms p50':>9}{'ms p90':>9}{'x stock':>9}{'mem@mark MiB':>14}{'mapped/reserved MiB':>22}"
-          f"{'bytes':>8}{'rng':>6}")
+    if s_mark:
+        for m in modes[1:]:
+            mem = (results[m]["mark"] or {}).get("driver_used_minus_before_mib")
+            if mem is not None:
+                print(f"memory at the mark, {m} / stock: {mem / s_mark:.2f} (target <= 0.50)")
+    for m in modes[1:]:
+        st = results[m]["stats"] or {}
+        print(f"{m}: arena {st.get('arena_backend')}, graphs {st.get('graphs')}, captures {st.get('captures')}, "
+              f"replays {st.get('replays')}, eager fallbacks {st.get('eager_fallbacks')}, capture failures "
+              f"{st.get('capture_failures')} {st.get('failures') or ''}, graph pool "
+              f"{(st.get('graph_pool_bytes') or 0) / MIB:.1f} MiB, conformer {st.get('conformer_frames')} frames")
+    pm = (record["per_minute"].get("cadence") or {})
+    if pm:
+        print(f"arena mapped growth {pm['mapped_growth_mib_per_minute']:.1f} MiB per minute of speech, "
+              f"reserved {pm['reserved_mib']:.0f} MiB")
+    print("PASS: every unit byte-identical, generator offsets equal" if ok else "FAIL: see comparisons in the json")
+    print(f"\nStep-Audio 2 mini tail, {device} ({name}), depth {args.depth}, "
+          f"{args.steps} steps, P = {P} mel frames, turn 0 = {args.units} units, build {build_s:.1f} s, "
+          f"total {time.perf_counter() - t_start:.1f} s; json: {path}")
+    print(f"{'mode':<18}{'ms p50':>9}{'ms p90':>9}{'x stock':>9}{'mem@mark MiB':>14}{'mapped/reserved MiB':>22}"
+          f"{'bytes':>8}{'rng':>6}{'capt':>6}{'repl':>6}{'fail':>6}{'wall s':>8}")
     for m in modes:
         r = results[m]
         p50, p90 = r["ms_steady"].get("p50"), r["ms_steady"].get("p90")
@@ -243,24 +299,11 @@ def main(argv=None) -> int:
         c = comparisons.get(m)
         eq = "-" if c is None else ("ok" if not c["bytes_mismatch"] else f"{len(c['bytes_mismatch'])}x")
         rq = "-" if c is None else ("ok" if not c["rng_mismatch"] else f"{len(c['rng_mismatch'])}x")
-        fmt = (lambda v: f"{v:.1f}" if v is not None else "-")
         speed = f"{s_ms / p50:.2f}" if (s_ms and p50) else "-"
-        print(f"{m:<16}{fmt(p50):>9}{fmt(p90):>9}{speed:>9}{fmt(mem):>14}{mr:>22}{eq:>8}{rq:>6}")
-    if s_mark:
-        for m in modes[1:]:
-            mem = (results[m]["mark"] or {}).get("driver_used_minus_before_mib")
-            if mem is not None:
-                print(f"memory at the mark, {m} / stock: {mem / s_mark:.2f} (target <= 0.50)")
-    for m in modes[1:]:
-        st = results[m]["stats"] or {}
-        print(f"{m}: arena {st.get('arena_backend')}, graphs {st.get('graphs')}, captures {st.get('captures')}, "
-              f"replays {st.get('replays')}, eager fallbacks {st.get('eager_fallbacks')}, graph pool "
-              f"{(st.get('graph_pool_bytes') or 0) / MIB:.1f} MiB, conformer {st.get('conformer_frames')} frames")
-    pm = (record["per_minute"].get("cadence") or {})
-    if pm:
-        print(f"arena mapped growth {pm['mapped_growth_mib_per_minute']:.1f} MiB per minute of speech, "
-              f"reserved {pm['reserved_mib']:.0f} MiB")
-    print("PASS: every unit byte-identical, generator offsets equal" if ok else "FAIL: see comparisons in the json")
+        st = r["stats"] or {}
+        print(f"{m:<18}{fmt(p50):>9}{fmt(p90):>9}{speed:>9}{fmt(mem):>14}{mr:>22}{eq:>8}{rq:>6}"
+              f"{str(st.get('captures', '-')):>6}{str(st.get('replays', '-')):>6}"
+              f"{str(st.get('capture_failures', '-')):>6}{r['wall_s']:>8.1f}")
     return 0 if ok else 1
 
 

@@ -23,10 +23,66 @@ Step-Audio 2's own (t2w = stepfun-ai/Step-Audio2 @ b1bb23c token2wav.py, see `st
 
 Graphs: the flow's shape changes every call (L grows by 50), so whole-step graphs keyed by exact signature
 would be captured once and never replayed within a session; this session runs the flow eagerly by default.
-`graphs=True` captures only the DiT/CFM segment (`decoder.forward_chunk`: shape-invariant once the DiT
-cache has reached P + 100, RNG-free: its noise is the construction-time `rand_noise` table) keyed by
+`graphs=True` (or "dit") captures only the DiT/CFM segment (`decoder.forward_chunk`: shape-invariant once
+the DiT cache has reached P + 100, RNG-free: its noise is the construction-time `rand_noise` table) keyed by
 (mel frames, DiT cache length), with its inputs copied into static buffers; the encoder and the vocoder
 stay eager.
+
+`graphs="dit+hift"` (opt-in) also captures the HiFT vocoder call (`HiFTGenerator.forward`, hifigan.py
+L237-249: f0 predictor, the NSF source module with its random draws, `decode` L203-232) up to decode's
+`_istft` call (L233), one graph per exact signature ("hift", T, lm, ls, lsn): T = mel frames into the
+HiFT (lm cached + the chunk's), lm = cached mel frames (0 or 8), ls = cached source samples (0 or 3840),
+lsn = source samples kept for the next call (min(3840, 480 T)). Per call:
+
+* eager, before the graph: the HiFT's mel input (stock: `concat(cache mel, chunk mel)`, t2w L147) is
+  written into the static arena buffer `hift_in_mel`, viewed contiguous [1, 80, T] as the stock concat is;
+  cache_source is the arena's own `hift_source` region (a static address; stock passes its `.clone()`,
+  same bytes);
+* in the graph: `hift(mel_in, cache_source)` with the instance attribute `hift._istft` patched for the
+  step to hand back decode's (magnitude, phase) [1, 9, 120 T + 1] and return a placeholder (the step
+  ends there; decode's clamp of the placeholder is discarded). magnitude, phase and the source's last
+  lsn samples are written into arena regions (`hift_out_mag`, `hift_out_phase`, `hift_out_source`, same
+  sizes and strides as stock's tensors): they are read after the replay, and all graphs of a session
+  share one memory pool, so nothing that outlives the replay is left in the pool;
+* eager, after the graph: the stock `hift._istft` (torch.istft's NOLA check syncs the host, so it cannot
+  be captured), decode's clamp (hifigan.py L234, one line of glue), the cross-fade (t2w L152-153) and the
+  cache updates (L156-160) from the arena outputs.
+
+Two host-to-device copies inside the HiFT call would block capture: `stft_window.to(x.device)` in `_stft`
+(hifigan.py L190; `stft_window` is a plain CPU attribute, not a buffer) and
+`torch.FloatTensor([[range(1, harmonic_num + 2)]]).to(f0.device)` in `SineGen2.forward` (layers.py L366).
+Both are constants: during the step `_DeviceConstants` (a TorchFunctionMode) answers `Tensor.to` of a
+small CPU tensor to another device with one device copy per distinct (dtype, shape, bytes, arguments),
+made eagerly the first time (each signature's first call runs eagerly: GraphCache warmup=1), same bytes
+as stock's fresh copy. A miss during capture raises (the capture fails and that signature stays eager,
+counted in `capture_failures`).
+
+Random draws: SineGen2 draws `torch.rand(..., device=f0.device)` (layers.py L314) and
+`torch.randn_like(sine_waves)` (L378), SourceModuleHnNSF2 `torch.randn_like(uv)` (L432): all on the
+default generator of the HiFT's device (the CUDA default generator on the GPU; nothing on the CPU
+generator is drawn and copied over), so all of them can be inside the graph. Why replay consumes the
+generator exactly as eager does (read in the torch 2.13 headers installed here, ATen/cuda/
+CUDAGeneratorImpl.h and CUDAGraph.h, and pytorch/pytorch aten/src/ATen/cuda/CUDAGraph.cpp
+`CUDAGraph::replay`): Note [CUDA Graph-safe RNG states] (CUDAGeneratorImpl.h L22-61) -- "A CUDA graph
+containing multiple RNG ops behaves like a single giant kernel from the perspective of ops external to
+the graph": during capture every RNG kernel's PhiloxCudaState (`philox_cuda_state(increment)`, L178)
+holds a pointer to a device tensor with the initial offset plus an intra-graph offset that starts at 0
+when capture begins and grows by the same per-kernel increment eager adds to the generator; at capture
+end the total becomes the graph's whole-graph increment (`CUDAGeneratorState::capture_epilogue`, L143),
+and the generator state is registered with the graph (`register_generator_state`, CUDAGraph.h L69-70;
+`captured_generator_states_`, L132-135; `CUDAGraph::capture_begin`: "default generator is always
+registered", the current device's). Every `CUDAGraph::replay()` first calls
+`replay_prologue(capture id, wholegraph_increment)` (CUDAGeneratorImpl.h L144) on each registered state:
+it fills the seed/offset tensors with the generator's current seed and offset, then advances the offset
+by the whole-graph total. So kernel k of a replay draws at (current offset +
+increments of kernels 0..k-1), eager's offset, and after the replay the generator sits where eager leaves
+it; the note: "graphed execution is bitwise identical to eager execution as long as RNG ops are enqueued
+from a single thread" (L58-61). Capture itself launches nothing and does not move the offset; GraphCache
+replays right after capturing, so capture + replay = one eager call, and a signature's first call runs
+eagerly (warmup=1). The GPU check (suite/gpu/stepaudio2_check.py) records the offset after every unit.
+
+On the CPU (tests) "dit+hift" runs the same routing eagerly (GraphCache disabled): static input copies,
+the patched `_istft`, arena outputs, eager istft; the same bytes and generator state as stock.
 """
 from __future__ import annotations
 
@@ -34,6 +90,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from duplexcadence.adapters import flow_hift as fh
 from duplexcadence.adapters import stepaudio2 as sa
@@ -44,20 +101,74 @@ from duplexcadence.clocks import ClockError
 from duplexcadence.graphs import GraphCache
 from duplexcadence.runtime import InputError, UnitOutput
 
+GRAPH_MODES = {False: None, None: None, True: "dit", "dit": "dit", "dit+hift": "dit+hift"}
+#: The longest HiFT input: 8 cached mel frames + the longest call (a flush of 27 tokens: 54 frames).
+HIFT_MAX_FRAMES = sa.MEL_CACHE_LEN + sa.MAX_ADVANCE      # 62
+
+
+def _arg_key(value):
+    """A hashable key for one `Tensor.to` argument; a tensor argument counts by its device and dtype only
+    (`.to(other)` copies onto other's device and dtype; its values are never read: no sync)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.device), str(value.dtype))
+    return repr(value)
+
+
+class _DeviceConstants(TorchFunctionMode):
+    """For one HiFT step: `Tensor.to` of a small CPU tensor onto another device returns one cached device
+    copy per distinct (dtype, shape, bytes, arguments) instead of a fresh host-to-device copy.
+
+    cache: dict kept by the session (the copies must outlive the step: graphs read them at replay).
+    Used for `stft_window.to(x.device)` (hifigan.py L190) and the harmonic multipliers
+    `torch.FloatTensor([[1..9]]).to(f0.device)` (layers.py L366): constants, so the cached copy has the
+    bytes stock's fresh copy has. Tensors over `max_numel` elements, CPU->CPU and other calls pass through.
+    Raises RuntimeError on a miss while the current CUDA stream is capturing (the copy would sync).
+    """
+
+    def __init__(self, cache: dict, max_numel: int = 4096):
+        super().__init__()
+        self.cache = cache
+        self.max_numel = max_numel
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        src = args[0] if args else None
+        if func is not torch.Tensor.to or not isinstance(src, torch.Tensor) or src.device.type != "cpu" \
+                or src.numel() > self.max_numel or src.requires_grad:
+            return func(*args, **kwargs)
+        key = (src.dtype, tuple(src.shape), src.detach().contiguous().reshape(-1).view(torch.uint8)
+               .numpy().tobytes(), tuple(_arg_key(a) for a in args[1:]),
+               tuple(sorted((k, _arg_key(v)) for k, v in kwargs.items())))
+        out = self.cache.get(key)
+        if out is not None:
+            return out
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"_DeviceConstants: a host-to-device copy of {tuple(src.shape)} {src.dtype} "
+                               f"was first seen during capture (it would sync); run the step eagerly once")
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.device != src.device:
+            self.cache[key] = out
+        return out
+
 
 class CadenceSession(_FlowCadence):
     """One Step-Audio 2 session on DuplexCadence (same contract as `stepaudio2.StockSession`).
 
     t2w: the `stepaudio2.StockToken2wav` shared with stock sessions (same weights and noise tables).
     rng_seed: seeds the default generators when the session opens, as the stock session does.
-    graphs: capture the DiT segment as CUDA graphs (CUDA only; default False: eager).
+    graphs: False (default: eager); True or "dit": capture the DiT segment as CUDA graphs (CUDA only);
+    "dit+hift": the DiT segment and the HiFT call up to its istft (module docstring; on the CPU the same
+    routing runs eagerly). Raises ValueError for another value.
     arena_backend: "auto" (vmm on CUDA where supported, else prealloc; cpu on CPU) | "vmm" | "prealloc" | "cpu".
     Raises InputError for bad input and ClockError for a unit past the position table, both before any
     state changes.
     """
 
     def __init__(self, t2w: sa.StockToken2wav, prompt: fh.Prompt, *, rng_seed: int = 0,
-                 graphs: bool = False, strict: bool = False, arena_backend: str = "auto"):
+                 graphs: bool | str = False, strict: bool = False, arena_backend: str = "auto"):
+        if not (graphs is None or isinstance(graphs, (bool, str))) or graphs not in GRAPH_MODES:
+            raise ValueError(f"graphs: expected one of False, True, 'dit', 'dit+hift', got {graphs!r}")
+        self.graph_mode = GRAPH_MODES[graphs]
         self.t2w, self.prompt = t2w, prompt
         self.device = torch.device(t2w.device)
         self.n_steps = t2w.n_timesteps
@@ -91,6 +202,15 @@ class CadenceSession(_FlowCadence):
         a.declare("hift_mel", (1, 80, sa.MEL_CACHE_LEN), torch.float32)
         a.declare("hift_source", (1, 1, sa.SOURCE_CACHE_LEN), torch.float32)
         a.declare("hift_speech", (1, sa.SOURCE_CACHE_LEN), torch.float32)
+        hift = t2w.hift
+        if self.graph_mode == "dit+hift":    # static HiFT input and outputs (flat; viewed per call)
+            self._n_freq = hift.istft_params["n_fft"] // 2 + 1
+            self._up = int(hift.m_source.l_sin_gen.upsample_scale)             # samples per mel frame (480)
+            frames = HIFT_MAX_FRAMES * self._up // hift.istft_params["hop_len"] + 1   # STFT frames (center)
+            a.declare("hift_in_mel", (80 * HIFT_MAX_FRAMES,), torch.float32)
+            a.declare("hift_out_mag", (self._n_freq * frames,), torch.float32)
+            a.declare("hift_out_phase", (self._n_freq * frames,), torch.float32)
+            a.declare("hift_out_source", (1, 1, sa.SOURCE_CACHE_LEN), torch.float32)
         # Last, so the reserved-but-unmapped part of the block is its tail (KeepAll up to the table).
         a.declare("conformer_att", (n_layers, 1, heads, self.Lconf_max, dk2), dtype)
         a.allocate()
@@ -103,6 +223,12 @@ class CadenceSession(_FlowCadence):
         self._hift_source = a["hift_source"].view((1, 1, sa.SOURCE_CACHE_LEN))
         self._hift_speech = a["hift_speech"].view((1, sa.SOURCE_CACHE_LEN))
         self._shape_conf = (n_layers, 1, heads)
+        if self.graph_mode == "dit+hift":
+            self._hift_in = a["hift_in_mel"].view((a["hift_in_mel"].capacity,))
+            self._hift_mag = a["hift_out_mag"].view((a["hift_out_mag"].capacity,))
+            self._hift_phase = a["hift_out_phase"].view((a["hift_out_phase"].capacity,))
+            self._hift_src_out = a["hift_out_source"].view((1, 1, sa.SOURCE_CACHE_LEN))
+            self._constants: dict = {}
         with torch.inference_mode():
             self.conformer_view(self.P).copy_(base["conformer_att_cache"])
             self.estimator_view(self.P).copy_(base["estimator_att_cache"][: self.n_steps])
@@ -116,7 +242,8 @@ class CadenceSession(_FlowCadence):
         t2w.stream_cache = None                        # the stock instance holds nothing of this session
         self.len_conf = self.len_est = self.P          # host clocks (mel frames)
         self.hift_len = {"mel": 0, "source": 0, "speech": 0}   # host lengths of the HiFT regions
-        self.graphs = GraphCache(self.device, enabled=bool(graphs), strict=strict, arena=a, warmup=1)
+        enabled = self.graph_mode == "dit" or (self.graph_mode == "dit+hift" and self.device.type == "cuda")
+        self.graphs = GraphCache(self.device, enabled=enabled, strict=strict, arena=a, warmup=1)
         self._timestep = _DeviceTimestepTable()
         self._timestep(torch.zeros(2, device=self.device, dtype=dtype), dit.t_embedder.frequency_embedding_size)
         self._static: dict = {}
@@ -137,7 +264,8 @@ class CadenceSession(_FlowCadence):
 
     def stats(self) -> dict:
         out = self.graphs.stats.snapshot()
-        out.update(arena_backend=self.arena.backend, arena_fallback=self.arena.fallback,
+        out.update(graph_mode=self.graph_mode, arena_backend=self.arena.backend,
+                   arena_fallback=self.arena.fallback,
                    arena_bytes_reserved=self.arena.bytes_reserved, arena_bytes_mapped=self.arena.bytes_mapped,
                    graph_pool_bytes=self.graphs.pool_bytes, graphs=len(self.graphs.entries),
                    conformer_frames=self.len_conf, estimator_frames=self.len_est,
@@ -155,6 +283,8 @@ class CadenceSession(_FlowCadence):
         self._static.clear()
         self._est_buf = self._est_cnn = self._conf_cnn = self._dit_att = self._dit_cnn = None
         self._hift_mel = self._hift_source = self._hift_speech = None
+        self._hift_in = self._hift_mag = self._hift_phase = self._hift_src_out = None
+        self.__dict__.pop("_constants", None)
         vmm, self.arena._block = self.arena._vmm, None
         if vmm is not None:
             vmm.close()
@@ -244,7 +374,7 @@ class CadenceSession(_FlowCadence):
     def _graphed_decoder(self, Le: int):
         """With graphs on: route `flow.decoder.forward_chunk` through the graph cache for one step, keyed
         by (mel frames, DiT cache length); mu/spks/cond are copied into static buffers first."""
-        if not self.graphs.enabled:
+        if not (self.graphs.enabled or self.graph_mode == "dit+hift"):
             yield
             return
         cfm = self.t2w.flow.decoder
@@ -270,6 +400,8 @@ class CadenceSession(_FlowCadence):
 
     def _vocode(self, chunk_mel: torch.Tensor, last_chunk: bool) -> torch.Tensor:
         """t2w L143-162 with the HiFT caches in fixed arena regions (host lengths; 0 before the first call)."""
+        if self.graph_mode == "dit+hift":
+            return self._vocode_graphed(chunk_mel, last_chunk)
         t2w = self.t2w
         lm, ls, lsp = self.hift_len["mel"], self.hift_len["source"], self.hift_len["speech"]
         mel = torch.concat([self._hift_mel[..., :lm], chunk_mel], dim=2)
@@ -286,3 +418,74 @@ class CadenceSession(_FlowCadence):
         if not last_chunk:
             speech = speech[:, :-sa.SOURCE_CACHE_LEN]
         return speech
+
+    # --- graphs="dit+hift": the HiFT call up to its istft as a graph --------------------------------
+    def _vocode_graphed(self, chunk_mel: torch.Tensor, last_chunk: bool) -> torch.Tensor:
+        """t2w L143-162 with `hift(mel, cache_source)` (hifigan.py L237-249) routed through the graph cache.
+
+        chunk_mel: the flow's mel [1, 80, n] (n = 2(k-3) or 2k frames). Returns speech [1, S] float32 as
+        stock's `vocode`. Raises RuntimeError if 8 + n exceeds HIFT_MAX_FRAMES (62; cannot happen for calls
+        of <= 28 tokens) before the HiFT state changes (the flow's state has already advanced)."""
+        t2w, hift = self.t2w, self.t2w.hift
+        lm, ls, lsp = self.hift_len["mel"], self.hift_len["source"], self.hift_len["speech"]
+        n = int(chunk_mel.shape[2])
+        T = lm + n
+        if T > HIFT_MAX_FRAMES:
+            raise RuntimeError(f"HiFT input of {T} mel frames ({lm} cached + {n}): the arena's static buffer "
+                               f"holds {HIFT_MAX_FRAMES}")
+        lsn = min(sa.SOURCE_CACHE_LEN, T * self._up)
+        with torch.inference_mode():
+            mel_in = self._hift_in[: 80 * T].view(1, 80, T)        # contiguous, as stock's concat
+            mel_in[:, :, :lm].copy_(self._hift_mel[..., :lm])
+            mel_in[:, :, lm:].copy_(chunk_mel)
+        sig = ("hift", T, lm, ls, lsn)
+        mag, phase, src_tail = self.graphs.run(sig, lambda: self._hift_step(mel_in, ls, lsn))
+        with torch.inference_mode():
+            speech = hift._istft(mag, phase)                                    # stock, eager (L195-201)
+            speech = torch.clamp(speech, -hift.audio_limit, hift.audio_limit)  # decode's last line (L234)
+        if lsp > 0:
+            speech = sa.fade_in_out(speech, self._hift_speech[..., :lsp], t2w.speech_window)
+        with torch.inference_mode():
+            lm, lsp = min(sa.MEL_CACHE_LEN, T), min(sa.SOURCE_CACHE_LEN, speech.shape[1])
+            self._hift_mel[..., :lm].copy_(mel_in[..., T - lm:])
+            self._hift_source[..., :lsn].copy_(src_tail)
+            self._hift_speech[..., :lsp].copy_(speech[:, speech.shape[1] - lsp:])
+        self.hift_len = {"mel": lm, "source": lsn, "speech": lsp}
+        if not last_chunk:
+            speech = speech[:, :-sa.SOURCE_CACHE_LEN]
+        return speech
+
+    def _hift_step(self, mel_in: torch.Tensor, ls: int, lsn: int):
+        """The captured HiFT segment: `hift(mel_in, hift_source[..., :ls])` up to decode's `_istft` call.
+
+        mel_in: the static input view [1, 80, T]; ls: cached source samples; lsn: source samples to keep.
+        Reads arena views and the session's device constants; writes magnitude and phase [1, 9, 120 T + 1]
+        (strides as stock's) and the source's last lsn samples [1, 1, lsn] into arena regions and returns
+        those views. Host state after the step is as before (the `_istft` patch is removed; the constant
+        cache only memoises). Raises RuntimeError if decode never reached `_istft` or a layout differs."""
+        hift = self.t2w.hift
+        seen = {}
+
+        def istft_input(magnitude, phase):
+            seen["out"] = (magnitude, phase)
+            return magnitude.new_zeros(1, 1)        # discarded: the stock _istft runs eagerly after the step
+
+        hift._istft = istft_input
+        try:
+            with _DeviceConstants(self._constants):
+                _, source = hift(mel_in, self._hift_source[..., :ls])
+        finally:
+            del hift._istft
+        if "out" not in seen:
+            raise RuntimeError("HiFT decode did not reach _istft (hifigan.py L233)")
+        outs = []
+        for (t, flat) in zip(seen["out"], (self._hift_mag, self._hift_phase)):
+            if not t.is_contiguous() or t.numel() > flat.numel():
+                raise RuntimeError(f"HiFT istft input {tuple(t.shape)} strides {t.stride()}: expected a "
+                                   f"contiguous tensor of <= {flat.numel()} elements")
+            out = flat.as_strided(t.shape, t.stride())
+            out.copy_(t)
+            outs.append(out)
+        src_tail = self._hift_src_out[..., :lsn]
+        src_tail.copy_(source[:, :, source.shape[2] - lsn:])
+        return outs[0], outs[1], src_tail
