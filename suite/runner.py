@@ -488,9 +488,14 @@ def _setup(workload, device, depth, seconds, max_speak_units, steps, seed, mode=
     return device, adapter, spec, seeds, units, params, (" and ".join(limits) or None)
 
 
-def _build(adapter, spec, device, depth, seeds):
+def _build(adapter, spec, device, depth, seeds, mode: str | None = None):
+    """Build the model; in a one-mode process (`mode` given) the adapter's `for_mode(model, mode)` hook,
+    if it has one, drops what that mode never uses (e.g. flow_hift's stock buffers for cadence) before the
+    model-loaded memory sample. Returns (model, probe); the hook's report is `model_prepared` on the probe."""
     probe = MemoryProbe(device)
     model = adapter.build_model(spec, device=device, depth=depth, seed=seeds.get("weights", 0))
+    hook = getattr(adapter, "for_mode", None)
+    probe.for_mode = hook(model, mode) if (mode is not None and callable(hook)) else {}
     probe.model_loaded()
     return model, probe
 
@@ -525,9 +530,11 @@ def run_workload(workload, mode: str, device, *, depth: str = "released", second
     rate = int(getattr(adapter, "SAMPLE_RATE", DEFAULT_SAMPLE_RATE))
     prov = env.provenance(command, device=device)
     with env.deterministic() as det:
-        model, probe = _build(adapter, spec, device, depth, seeds)
+        model, probe = _build(adapter, spec, device, depth, seeds, mode=mode)
         out = run_session(adapter, model, mode, spec, units, device, probe=probe,
                           label=f"{workload.name} {mode}", progress=progress, profile_units=profile_units)
+        if probe.for_mode:
+            out[3].update(probe.for_mode)      # memory record: what the one-mode process dropped
     result = _mode_result(workload, mode, device, depth, params, seeds, prov, det, rate, out, limited)
     if progress:
         print(summary_table(result))

@@ -377,3 +377,25 @@ def test_vocoder_regions_are_read_stay_put_and_bad_mel_changes_nothing(model):
     ua, ub = a.speak(tokens_for(1, 25)), b.speak(tokens_for(1, 25))
     assert ua.sha256() != ub.sha256()
     assert {n: b.arena[n].data_ptr() for n in names} == ptrs
+
+
+def test_cadence_needs_none_of_the_stock_module_buffers():
+    """A cadence-only process frees the stock 16-step DiT buffers (for_mode): the voice set-up and every
+    step run on the arena, bytes still equal stock's (computed on the same instance before the release);
+    a stock session on the released model is refused with the reason."""
+    m = fh.build_model({"n_timesteps": STEPS, "voice_prompt": str(VOICE), "prompt_seconds": 2.0},
+                       depth="reduced", seed=0)
+    script = [(tokens_for(500 + u, n), u == 2) for u, n in enumerate((25, 25, 4))]
+    stock = fh.new_session(m, "stock")
+    stock.start_turn()
+    want = [stock.speak(t, final=f) for t, f in script]
+    del stock
+    done = fh.for_mode(m, "cadence")
+    assert done["stock_buffers_released_bytes"] >= 16 * 16 * 2 * 8 * 1000 * 128 * 4
+    assert m.t2w.flow.decoder.att_cache_buffer.stride() == (0,) * 6
+    with pytest.raises(RuntimeError, match="released"):
+        fh.new_session(m, "stock")
+    cad = fh.new_session(m, "cadence")
+    cad.start_turn()
+    for u, ((t, f), a) in enumerate(zip(script, want)):
+        compare_units("minicpmo45-reduced-released-buffers", u, a, cad.speak(t, final=f))

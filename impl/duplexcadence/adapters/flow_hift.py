@@ -377,6 +377,10 @@ class StockSession:
     """
 
     def __init__(self, t2w, prompt: Prompt):
+        if getattr(t2w, "stock_buffers_released", False):
+            raise RuntimeError("StockSession: this model's stock DiT cache buffers were released for a "
+                               "cadence-only process (flow_hift_cadence.release_stock_buffers); build another "
+                               "model for stock sessions")
         self.t2w = t2w
         self.prompt = prompt
         install_prompt(t2w, prompt)
@@ -514,6 +518,16 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     prompt = prepare_prompt(spec["voice_prompt"], seconds=spec.get("prompt_seconds", PROMPT_SECONDS_DEFAULT),
                             device=device)
     return Model(t2w, prompt, dict(spec))
+
+
+def for_mode(model: Model, mode: str) -> dict:
+    """Called by the suite after build_model in a process that runs sessions of one `mode` only: for
+    "cadence", the stock 16-step module buffers are freed (flow_hift_cadence.release_stock_buffers), as
+    a DuplexCadence deployment would. Returns what was done (for the record)."""
+    if mode != "cadence" or model.spec.get("variant") == "stepaudio2":
+        return {}
+    from duplexcadence.adapters.flow_hift_cadence import release_stock_buffers
+    return {"stock_buffers_released_bytes": release_stock_buffers(model.t2w)}
 
 
 def new_session(model: Model, mode: str, spec: dict | None = None):

@@ -74,7 +74,8 @@ def voice_base(t2w, prompt: fh.Prompt, n_steps: int) -> tuple[dict, dict]:
     """The voice's stream caches right after `Token2wav.set_stream_cache` (token2wav.py L192-204): flow
     caches (estimator caches cut to the `n_steps` Euler steps in use) and the vocoder's reset cache dict.
     Computed once per (model, voice, steps) and kept on the model; sessions copy from it at start_turn
-    and never write to it. Returns (flow caches by stock name, vocoder cache dict)."""
+    and never write to it. Returns (flow caches by stock name, vocoder cache dict). The CFM/DiT write the
+    set-up's KV into whatever their cache buffers are at the time (a session binds its arena views)."""
     bases = t2w.__dict__.setdefault("_duplexcadence_voice_base", {})
     key = (prompt.key, n_steps)
     if key not in bases:
@@ -83,6 +84,28 @@ def voice_base(t2w, prompt: fh.Prompt, n_steps: int) -> tuple[dict, dict]:
         bases[key] = (flow, fh.clone_recursive(hift_cache))
         # set_stream_cache left the stock CFM buffers holding this voice; cadence never reads them.
     return bases[key]
+
+
+def release_stock_buffers(t2w) -> int:
+    """Free the stock module buffers DuplexCadence never reads: the CFM's 16-step x 1000-frame DiT KV
+    buffer [16, 16, 2, 8, 1000, 128] and conv buffer (flow_matching.py L35-36) and the DiT's per-step
+    scratch [16, 2, 8, 1000, 128] (decoder_dit.py L406-407): 2.1 GiB in float32. They stay as zero-stride
+    tensors of the same shapes (4 bytes each), so shape reads keep working; cadence sessions bind their
+    arena views over them for every step. For a process that runs only cadence sessions on this model:
+    stock sessions cannot run on it afterwards (flow_hift.StockSession raises). Returns the bytes freed."""
+    cfm = t2w.flow.decoder
+    freed = 0
+    for mod in (cfm, cfm.estimator):
+        for name in ("att_cache_buffer", "cnn_cache_buffer"):
+            buf = mod._buffers[name]
+            if buf.stride() == (0,) * buf.ndim:
+                continue
+            freed += buf.numel() * buf.element_size()
+            mod._buffers[name] = torch.zeros((), dtype=buf.dtype, device=buf.device).expand(buf.shape)
+    t2w.stock_buffers_released = True
+    if freed and torch.device(t2w.device).type == "cuda":
+        torch.cuda.empty_cache()
+    return freed
 
 
 PREPARE_TURNS = 2     # synthetic turns run at session open on CUDA (prepare)
@@ -125,9 +148,6 @@ class CadenceSession:
         dtype = next(flow.parameters()).dtype
         self.dtype = dtype
 
-        # Per-voice base caches: the stock set-up, run once per voice and model (as MiniCPM-o does per
-        # voice) and shared, read-only, by every cadence session of that voice: only the Euler steps in use.
-        self._base_flow, self._base_hift = voice_base(t2w, prompt, self.n_steps)
 
         self.arena = Arena(self.device, backend=arena_backend, name="flow_hift")
         a = self.arena
@@ -159,6 +179,12 @@ class CadenceSession:
             self.vocoder.attach(a, self.graphs)
         self._timestep = _DeviceTimestepTable()
         self._timestep(torch.zeros(2, device=self.device, dtype=dtype), dit.t_embedder.frequency_embedding_size)
+        # Per-voice base caches: the stock set-up, run once per voice and model (as MiniCPM-o does per
+        # voice) and shared, read-only, by every cadence session of that voice: only the Euler steps in use.
+        # It runs on this session's arena views (`_bound`), so the stock 16-step module buffers are not
+        # needed (release_stock_buffers).
+        with self._bound():
+            self._base_flow, self._base_hift = voice_base(t2w, prompt, self.n_steps)
         self._tokens: dict[int, torch.Tensor] = {}
         self.len_conf = self.len_est = None   # host clocks (mel frames); None: no open turn
         self.buffer: list[int] | None = None
