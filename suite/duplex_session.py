@@ -120,11 +120,13 @@ class Driver:
         CUDA; the next start_turn restores the voice's base state).
         Stock Moshi (no turns, no prepare) is not warmed: a unit would advance its stream."""
         self.ar.run(seed=-1)
-        if callable(getattr(self.session, "prepare", None)):
-            self.session.prepare()
-            return
         if not hasattr(self.session, "start_turn") or not _turn_based(self.session):
+            if callable(getattr(self.session, "prepare", None)):
+                self.session.prepare()     # Moshi cadence: capture + restore
             return
+        # Turn-based sessions (flow_hift, code2wav): a flow_hift cadence session has already run its own
+        # prepare() (synthetic full units) when it opened; this turn adds the script's own first / ramp /
+        # final shapes (a 20-token first unit ramps through other cache lengths than a 25-token one).
         speak = [u for u in units if u.kind == "SPEAK"]
         if not speak:
             return
