@@ -209,14 +209,14 @@ def check_against_reference(run: dict, refs: dict[int, list], variants: int) -> 
 
 
 # --- the whole measurement --------------------------------------------------------------------------
-def parse_sessions(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4] (sorted, distinct). Raises ValueError naming --sessions."""
+def parse_sessions(text: str, flag: str = "--sessions") -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (sorted, distinct). Raises ValueError naming `flag`."""
     try:
         ns = sorted({int(x) for x in str(text).split(",") if x.strip()})
     except ValueError:
-        raise ValueError(f"--sessions: expected comma-separated ints >= 1 (e.g. 1,2,4), got {text!r}") from None
+        raise ValueError(f"{flag}: expected comma-separated ints >= 1 (e.g. 1,2,4), got {text!r}") from None
     if not ns or ns[0] < 1:
-        raise ValueError(f"--sessions: expected comma-separated ints >= 1 (e.g. 1,2,4), got {text!r}")
+        raise ValueError(f"{flag}: expected comma-separated ints >= 1 (e.g. 1,2,4), got {text!r}")
     return ns
 
 
@@ -415,24 +415,57 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+def _usage_error(message: str) -> SystemExit:
+    """A bad flag: one line on stderr, exit status 2 (as argparse), no traceback. str() is the message."""
+    print(f"python -m suite.duplex: error: {message}", file=sys.stderr)
+    exc = SystemExit(message)
+    exc.code = 2
+    return exc
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag's value, before any model is built. Raises SystemExit (status 2) naming the flag."""
+    import math
+
+    import workloads
+
     for m in args.modes:
         if m not in MODES:
-            raise SystemExit(f"--modes: expected a subset of {MODES}, got {m!r}")
+            raise _usage_error(f"--modes: expected a subset of {MODES}, got {m!r}")
     if args.variants < 1:
-        raise SystemExit(f"--variants: expected an int >= 1, got {args.variants}")
-    if args.seconds <= 0:
-        raise SystemExit(f"--seconds: expected > 0, got {args.seconds}")
+        raise _usage_error(f"--variants: expected an int >= 1, got {args.variants}")
+    if not math.isfinite(args.seconds) or args.seconds <= 0:
+        raise _usage_error(f"--seconds: expected a finite number > 0, got {args.seconds}")
+    if args.steps is not None and args.steps < 1:
+        raise _usage_error(f"--steps: expected an int >= 1 (Euler steps), got {args.steps}")
+    if args.budget_mib is not None and (not math.isfinite(args.budget_mib) or args.budget_mib < 0):
+        raise _usage_error(f"--budget-mib: expected a finite number >= 0, got {args.budget_mib}")
+    if args.after_miss < 0:
+        raise _usage_error(f"--after-miss: expected an int >= 0, got {args.after_miss}")
+    if args.workload != "all":
+        for name in (w.strip() for w in args.workload.split(",")):
+            if name not in workloads.names():
+                raise _usage_error(f"--workload: expected 'all' or some of {workloads.names()}, got {name!r}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise _usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise _usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
     try:
         parse_sessions(args.sessions)
         if args.stock_sessions:
-            parse_sessions(args.stock_sessions)
+            parse_sessions(args.stock_sessions, "--stock-sessions")
         from suite.ar_stage import parse_ar
         parse_ar(args.ar)
     except (ValueError, ARSpecError) as exc:
-        raise SystemExit(str(exc)) from None
+        raise _usage_error(str(exc)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    check_args(args)
     record = run(args, ["python", "-m", "suite.duplex", *argv])
     return 0 if record["verdict"] == "VALID" else 1
 

@@ -340,3 +340,22 @@ def test_cuda_sessions_on_streams_give_the_bytes_of_each_session_alone(tmp_path,
                               policy=policy, variants=2, progress=False)
     assert duplex.check_against_reference(run, refs, 2) == []
     assert all(u["device_ms"] is not None for u in run["units"] if u["start_ms"] is not None)
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--seconds", "nan"], "--seconds"),
+    (["--workload", "nosuch"], "--workload"),
+    (["--steps", "0"], "--steps"),
+    (["--device", "tpu"], "--device"),
+    (["--budget-mib", "-1"], "--budget-mib"),
+    (["--after-miss", "-1"], "--after-miss"),
+    (["--stock-sessions", "x"], "--stock-sessions"),
+    (["--modes", "bogus"], "--modes"),
+])
+def test_cli_bad_flag_exits_2_naming_the_flag_before_any_work(tmp_path, capsys, flags, match):
+    with pytest.raises(SystemExit, match=match) as exc:
+        duplex.main([*flags, "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "out").exists()
