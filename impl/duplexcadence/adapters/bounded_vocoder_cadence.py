@@ -188,8 +188,12 @@ class ArenaVocoder:
 
     # --- BoundedVocoder.stream (bounded_vocoder.py L170-189) -------------------------------------
     def stream(self, mel: torch.Tensor, finalize: bool = False) -> torch.Tensor:
+        if not isinstance(mel, torch.Tensor):
+            raise ValueError(f"mel: expected a torch.Tensor [1, {self.channels}, frames], got {type(mel).__name__}")
         if mel.ndim != 3 or tuple(mel.shape[:2]) != (1, self.channels):
             raise ValueError("Require fresh mel with shape [1, channels, frames]")
+        if not mel.dtype.is_floating_point:     # stock's part.float() would cast ints/bools, drop imaginary parts
+            raise ValueError(f"mel: expected a floating-point tensor, got {mel.dtype}")
         if self.finalized:
             if mel.shape[-1] or not finalize:
                 raise ValueError("Stream already finalized; call reset() for a new utterance")
