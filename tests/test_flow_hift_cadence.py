@@ -399,3 +399,42 @@ def test_cadence_needs_none_of_the_stock_module_buffers():
     cad.start_turn()
     for u, ((t, f), a) in enumerate(zip(script, want)):
         compare_units("minicpmo45-reduced-released-buffers", u, a, cad.speak(t, final=f))
+
+
+@pytest.mark.parametrize("bad,match", [
+    pytest.param(lambda: torch.zeros(1, 80, 5, dtype=torch.int64), "floating-point", id="int64"),
+    pytest.param(lambda: torch.zeros(1, 80, 5, dtype=torch.complex64), "floating-point", id="complex"),
+    pytest.param(lambda: torch.zeros(1, 80, 5, dtype=torch.bool), "floating-point", id="bool"),
+    pytest.param(lambda: np.zeros((1, 80, 5), np.float32), "torch.Tensor", id="numpy"),
+])
+def test_vocoder_rejects_non_float_mel_and_changes_nothing(model, bad, match):
+    s = CadenceSession(model.t2w, model.prompt, prepare_turns=0)
+    s.start_turn()
+    v = s.vocoder
+    before = {k: (x.clone() if torch.is_tensor(x) else x) for k, x in v.state().items()}
+    with pytest.raises(ValueError, match=match):
+        v.stream(bad())
+    after = v.state()
+    for k, x in before.items():
+        assert torch.equal(x, after[k]) if torch.is_tensor(x) else x == after[k], k
+
+
+def test_session_arguments_prepare_and_close_misuse_are_clear_errors(model):
+    for kwargs, match in (({"vocoder": "stock", "noise": "bogus"}, "noise"),
+                          ({"prepare_turns": -1}, "prepare_turns"), ({"prepare_turns": 1.5}, "prepare_turns")):
+        with pytest.raises(ValueError, match=match):
+            CadenceSession(model.t2w, model.prompt, **kwargs)
+    s = CadenceSession(model.t2w, model.prompt, prepare_turns=0)
+    with pytest.raises(ValueError, match="prepare"):
+        s.prepare(True, 1)
+    s.start_turn()
+    s.speak(tokens_for(0, 25))
+    before = (list(s.buffer), s.turn, s.len_conf, s.len_est)
+    with pytest.raises(InputError, match="turn is open"):
+        s.prepare(0)                                   # would discard the open turn
+    assert (list(s.buffer), s.turn, s.len_conf, s.len_est) == before
+    s.close()
+    s.close()                                          # a second close does nothing
+    for call in (s.start_turn, lambda: s.speak(tokens_for(1, 25)), lambda: s.prepare(1, 1)):
+        with pytest.raises(InputError, match="closed"):
+            call()

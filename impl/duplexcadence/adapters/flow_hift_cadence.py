@@ -128,6 +128,12 @@ class CadenceSession:
         if vocoder not in ("cadence", "stock"):
             raise ValueError(f"vocoder: expected 'cadence' (arena + graphs) or 'stock' (eager BoundedVocoder), "
                              f"got {vocoder!r}")
+        if noise not in ("host", "device"):
+            raise ValueError(f"noise: expected one of ('host', 'device'), got {noise!r}")
+        if prepare_turns is not None and (isinstance(prepare_turns, bool) or not isinstance(prepare_turns, int)
+                                          or prepare_turns < 0):
+            raise ValueError(f"prepare_turns: expected None or an int >= 0, got {prepare_turns!r}")
+        self.closed = False
         self.t2w = t2w
         self.prompt = prompt
         self.device = torch.device(t2w.device)
@@ -203,9 +209,15 @@ class CadenceSession:
         warmup=1), so two turns capture the turn-start shapes too; rare final-flush shapes are captured
         on first use later. Nothing of it reaches a real turn: start_turn() restores every region from the
         voice's base caches and resets the vocoder. Returns the graph counters' change.
-        Raises ValueError for turns < 0 or units < 1."""
-        if not isinstance(turns, int) or turns < 0 or not isinstance(units, int) or units < 1:
+        Raises ValueError for turns < 0 or units < 1 and InputError while a turn is open or after close(),
+        before any state changes."""
+        if (isinstance(turns, bool) or not isinstance(turns, int) or turns < 0 or isinstance(units, bool)
+                or not isinstance(units, int) or units < 1):
             raise ValueError(f"prepare: expected turns >= 0 and units >= 1, got turns={turns!r}, units={units!r}")
+        self._check_open("prepare")
+        if self.buffer is not None:
+            raise InputError("prepare: a turn is open (prepare would discard it); call it before start_turn "
+                             "or after the turn's final unit")
         before = self.graphs.stats.snapshot()
         gen = torch.Generator().manual_seed(PREPARE_SEED)
         for _ in range(turns):
@@ -235,8 +247,14 @@ class CadenceSession:
                 "estimator_cnn": self._est_cnn, "conformer_cnn": self._conf_cnn}
 
     # --- turn and unit ---------------------------------------------------------------------------
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise InputError(f"{what}: the session is closed")
+
     def start_turn(self) -> None:
-        """Restore the voice's base caches into the arena (in place) and the [4218]*3 token buffer."""
+        """Restore the voice's base caches into the arena (in place) and the [4218]*3 token buffer.
+        Raises InputError on a closed session."""
+        self._check_open("start_turn")
         P = self.P
         with torch.inference_mode():
             self.conformer_view(P).copy_(self._base_flow["conformer_att_cache"])
@@ -252,6 +270,7 @@ class CadenceSession:
 
     def speak(self, tokens, *, final: bool = False) -> UnitOutput:
         """One SPEAK unit (<= 26 token ids @ 25 Hz) -> float32 waveform @ 24 kHz, as StockSession.speak."""
+        self._check_open("speak")
         if self.buffer is None:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
         tokens = fh.check_tokens(tokens)
@@ -267,7 +286,11 @@ class CadenceSession:
 
     def close(self) -> None:
         """Drop the session's graphs and give its arena back (the shared model and voice base stay).
-        The session cannot be used afterwards."""
+        The session cannot be used afterwards (start_turn, speak, prepare raise InputError); a second
+        close() does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         self.graphs.close()
         self.graphs.entries.clear()
         self.vocoder = None
