@@ -19,6 +19,7 @@ categories "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver".
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -44,11 +45,31 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1000.0
 
 
+def _interval(i: int, ev: dict) -> tuple[float, float]:
+    """[ts, ts + dur) of a complete ("X") event, in microseconds; ValueError naming the event if malformed."""
+    try:
+        ts, dur = float(ev["ts"]), float(ev.get("dur", 0))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"events[{i}] ({ev.get('cat')!r} {ev.get('name')!r}): expected numeric \"ts\" and "
+                         f"\"dur\", got ts={ev.get('ts')!r}, dur={ev.get('dur')!r}") from None
+    if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
+        raise ValueError(f"events[{i}] ({ev.get('cat')!r} {ev.get('name')!r}): expected a finite ts and dur >= 0, "
+                         f"got ts={ts!r}, dur={dur!r}")
+    return ts, ts + dur
+
+
 def summarize_trace(events: list[dict]) -> dict:
-    """Counts and busy times from Chrome-trace events (the dicts of a kineto trace's "traceEvents")."""
+    """Counts and busy times from Chrome-trace events (the dicts of a kineto trace's "traceEvents").
+    Raises ValueError naming the event for input that is not such a list (a whole trace dict, a non-dict
+    event, a kernel/copy event without a finite "ts" or with a negative or non-finite "dur")."""
+    if isinstance(events, (dict, str, bytes)) or not hasattr(events, "__iter__"):
+        raise ValueError(f"events: expected a list of trace-event dicts (a trace's \"traceEvents\"), "
+                         f"got {type(events).__name__}")
     calls: dict[str, int] = {}
     kernels, copies = [], []
-    for ev in events:
+    for i, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            raise ValueError(f"events[{i}]: expected a dict, got {type(ev).__name__}")
         if ev.get("ph") != "X":
             continue
         cat, name = ev.get("cat", ""), ev.get("name", "")
@@ -56,9 +77,9 @@ def summarize_trace(events: list[dict]) -> dict:
             if name in KERNEL_LAUNCH_APIS + GRAPH_LAUNCH_APIS + COPY_APIS:
                 calls[name] = calls.get(name, 0) + 1
         elif cat == "kernel":
-            kernels.append((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0))))
+            kernels.append(_interval(i, ev))
         elif cat in ("gpu_memcpy", "gpu_memset"):
-            copies.append((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0))))
+            copies.append(_interval(i, ev))
     return {"launch_calls": calls,
             "kernel_launches": sum(calls.get(n, 0) for n in KERNEL_LAUNCH_APIS),
             "graph_launches": sum(calls.get(n, 0) for n in GRAPH_LAUNCH_APIS),
