@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None):
     args = ap.parse_args(argv)
     if args.harness == "mode" and not args.mode:
         ap.error("harness `mode` needs --mode (stock | cadence | ...)")
+    import re
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        ap.error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
     return args
 
 

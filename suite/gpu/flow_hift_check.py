@@ -104,6 +104,19 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.variants[0] != "stock":
         p.error("--variants: the first must be 'stock' (the reference the others are compared with)")
+    bad_steps = [n for n in args.steps if not 1 <= n <= 16]
+    if bad_steps:
+        p.error(f"--steps: expected ints in [1, 16] (Euler steps), got {bad_steps}")
+    if args.max_speak_units is not None and args.max_speak_units < 1:
+        p.error(f"--max-speak-units: expected an int >= 1, got {args.max_speak_units}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        p.error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA device here (use --device cpu --depth reduced)")
     from suite import env
 
     record = {"provenance": env.provenance(["python", "-m", "suite.gpu.flow_hift_check", *(argv or sys.argv[1:])],
