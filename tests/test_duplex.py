@@ -146,6 +146,10 @@ def test_admission_rejects_a_session_that_does_not_fit():
     pytest.param({"policy": "batched"}, "policy: expected one of", id="policy"),
     pytest.param({"period_s": 0}, "period_s: expected a positive", id="period"),
     pytest.param({"budget_bytes": -1}, "budget_bytes", id="budget"),
+    pytest.param({"period_s": float("nan")}, "period_s: expected a positive", id="period-nan"),
+    pytest.param({"period_s": float("inf")}, "period_s: expected a positive", id="period-inf"),
+    pytest.param({"period_s": True}, "period_s: expected a positive", id="period-bool"),
+    pytest.param({"budget_bytes": True}, "budget_bytes", id="budget-bool"),
 ])
 def test_bad_scheduler_arguments(kwargs, match):
     with pytest.raises(ScheduleError, match=match):
@@ -158,6 +162,16 @@ def test_bad_phase_and_session_count():
         CadenceScheduler(clock=clock).admit(slot("a", [0.1], clock, phase=-0.5))
     with pytest.raises(ScheduleError, match="n: expected an int >= 1"):
         scheduler.staggered_phases(0)
+    with pytest.raises(ScheduleError, match="period_s"):
+        scheduler.staggered_phases(2, float("nan"))
+    sched = CadenceScheduler(clock=clock)
+    with pytest.raises(ScheduleError, match="phase_s: expected >= 0"):
+        sched.admit(slot("a", [0.1], clock, phase=float("nan")))
+    with pytest.raises(ScheduleError, match=r"units\[0\]: expected a unit with .kind"):
+        sched.admit(Slot("b", [0], lambda u: None, lambda u: True))
+    with pytest.raises(ScheduleError, match="run_unit: expected a callable"):
+        sched.admit(Slot("c", [], None, lambda u: True))
+    assert sched.slots == []                     # nothing admitted by a rejected slot
 
 
 @pytest.mark.parametrize("spec, match", [

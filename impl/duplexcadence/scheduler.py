@@ -27,12 +27,23 @@ done (it synchronises), and the scheduler reads the clock before and after.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 POLICIES = ("edf", "threads")
+
+
+def _finite(x) -> bool:
+    """A real number (not a bool), finite."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _count(x) -> bool:
+    """An int that is not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 class AdmissionError(ValueError):
@@ -115,11 +126,11 @@ class CadenceScheduler:
 
     def __init__(self, *, period_s: float = 1.0, policy: str = "edf", clock: Clock | None = None,
                  budget_bytes: int | None = None):
-        if not isinstance(period_s, (int, float)) or period_s <= 0:
+        if not _finite(period_s) or period_s <= 0:
             raise ScheduleError(f"period_s: expected a positive number of seconds, got {period_s!r}")
         if policy not in POLICIES:
             raise ScheduleError(f"policy: expected one of {POLICIES}, got {policy!r}")
-        if budget_bytes is not None and (not isinstance(budget_bytes, int) or budget_bytes < 0):
+        if budget_bytes is not None and (not _count(budget_bytes) or budget_bytes < 0):
             raise ScheduleError(f"budget_bytes: expected an int >= 0 or None, got {budget_bytes!r}")
         self.period_s = float(period_s)
         self.policy = policy
@@ -134,7 +145,7 @@ class CadenceScheduler:
     def check(self, name: str, nbytes: int) -> None:
         """Raise AdmissionError if a session of `nbytes` would not fit in the budget left (admits nothing;
         call it with an estimate before building a session, then `admit` with the measured bytes)."""
-        if not isinstance(nbytes, int) or nbytes < 0:
+        if not _count(nbytes) or nbytes < 0:
             raise ScheduleError(f"session {name!r}: footprint_bytes: expected an int >= 0, got {nbytes!r}")
         if self.budget_bytes is None:
             return
@@ -149,8 +160,14 @@ class CadenceScheduler:
     def admit(self, slot: Slot) -> int:
         """Add a session; returns its session number. Raises AdmissionError if its footprint does not
         fit in the budget left, ScheduleError for a negative phase or footprint."""
-        if not isinstance(slot.phase_s, (int, float)) or slot.phase_s < 0:
+        if not _finite(slot.phase_s) or slot.phase_s < 0:
             raise ScheduleError(f"slot {slot.name!r}: phase_s: expected >= 0 seconds, got {slot.phase_s!r}")
+        for attr in ("run_unit", "has_work"):
+            if not callable(getattr(slot, attr)):
+                raise ScheduleError(f"slot {slot.name!r}: {attr}: expected a callable, got {getattr(slot, attr)!r}")
+        for i, unit in enumerate(slot.units):
+            if not hasattr(unit, "kind"):
+                raise ScheduleError(f"slot {slot.name!r}: units[{i}]: expected a unit with .kind, got {unit!r}")
         self.check(slot.name, slot.footprint_bytes)
         self.slots.append(slot)
         return len(self.slots) - 1
@@ -247,6 +264,8 @@ def _stream_context(stream):
 
 def staggered_phases(n: int, period_s: float = 1.0) -> list[float]:
     """Phases of n sessions spread evenly over one period: s * period / n. Raises ScheduleError for n < 1."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if not _count(n) or n < 1:
         raise ScheduleError(f"n: expected an int >= 1 sessions, got {n!r}")
+    if not _finite(period_s) or period_s <= 0:
+        raise ScheduleError(f"period_s: expected a positive number of seconds, got {period_s!r}")
     return [s * period_s / n for s in range(n)]
