@@ -195,6 +195,13 @@ def test_bad_input_leaves_state_unchanged(model):
         with pytest.raises(InputError, match=what):
             cad.speak(bad)
         _same(before, _snapshot(cad))
+    cad.speak(tokens_for(1, 5), final=True)               # between turns: the caches carry over
+    before = _snapshot(cad)
+    clocks = (cad.len_conf, cad.len_est, cad.calls_made, cad.buffer, cad.turn)
+    with pytest.raises(InputError, match="prepare"):      # inherited prepare() cleared the host clocks
+        cad.prepare(1, 1)
+    _same(before, _snapshot(cad))
+    assert (cad.len_conf, cad.len_est, cad.calls_made, cad.buffer, cad.turn) == clocks
     for s in (cad, sa.new_session(model, "stock")):
         s.close()
         with pytest.raises(InputError, match="closed"):

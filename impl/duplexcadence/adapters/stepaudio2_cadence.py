@@ -291,6 +291,14 @@ class CadenceSession(_FlowCadence):
         self.buffer = None
         self.closed = True
 
+    def prepare(self, turns: int = 0, units: int = 0) -> dict:
+        """Not available here: the MiniCPM-o session's synthetic turns are undone by its start_turn, but
+        Step-Audio 2's caches carry over between turns (nothing restores them), so synthetic turns would
+        change every later unit (and the inherited prepare() cleared the host clocks). Raises InputError,
+        the session unchanged."""
+        raise InputError("prepare: Step-Audio 2 sessions have no synthetic warm-up turns (their caches carry "
+                         "over between turns, so a synthetic turn would change every later unit)")
+
     # --- turn and unit -----------------------------------------------------------------------------
     def start_turn(self) -> None:
         """A new response: an empty token buffer (ex L5); the caches carry over, as upstream's do.
