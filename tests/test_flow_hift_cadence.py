@@ -438,3 +438,14 @@ def test_session_arguments_prepare_and_close_misuse_are_clear_errors(model):
     for call in (s.start_turn, lambda: s.speak(tokens_for(1, 25)), lambda: s.prepare(1, 1)):
         with pytest.raises(InputError, match="closed"):
             call()
+
+
+@pytest.mark.parametrize("mode", ["stock", "cadence"])
+def test_non_bool_final_is_rejected_and_the_turn_stays_open(model, mode):
+    s = fh.new_session(model, mode)
+    s.start_turn()
+    buffer = list(s.buffer)
+    for final in ("no", None, 1):
+        with pytest.raises(InputError, match="final: expected a bool"):
+            s.speak(tokens_for(0, 25), final=final)      # "no" would have flushed and closed the turn
+    assert s.buffer == buffer

@@ -328,6 +328,14 @@ def check_tokens(tokens, *, name: str = "tokens") -> list[int]:
     return out
 
 
+def check_final(final) -> bool:
+    """speak()'s `final` flag: a bool (numpy bool too). Raises InputError naming it (a string such as "no"
+    would otherwise flush and close the turn)."""
+    if not isinstance(final, (bool, np.bool_)):
+        raise InputError(f"final: expected a bool, got {final!r} ({type(final).__name__})")
+    return bool(final)
+
+
 @dataclass
 class Call:
     """One `Token2wav.stream` call: tokens passed, last_chunk flag."""
@@ -413,6 +421,7 @@ class StockSession:
         """
         if self.buffer is None:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
+        final = check_final(final)
         tokens = check_tokens(tokens)
         if len(tokens) > CHUNK_TOKENS + 1:
             raise InputError(f"tokens: at most {CHUNK_TOKENS + 1} per unit (generate_chunk max_new_token=26), "

@@ -273,6 +273,7 @@ class CadenceSession:
         self._check_open("speak")
         if self.buffer is None:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
+        final = fh.check_final(final)
         tokens = fh.check_tokens(tokens)
         if len(tokens) > fh.CHUNK_TOKENS + 1:
             raise InputError(f"tokens: at most {fh.CHUNK_TOKENS + 1} per unit, got {len(tokens)}")

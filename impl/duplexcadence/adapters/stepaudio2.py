@@ -375,6 +375,7 @@ class StockSession:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
         if self._flow_cache is None:
             raise InputError("speak: the session is closed")
+        final = fh.check_final(final)
         tokens = check_unit_tokens(tokens)
         calls, rest = plan_calls(self.buffer, tokens, final)
         t2w = self.t2w

@@ -316,6 +316,7 @@ class CadenceSession(_FlowCadence):
         state changes."""
         if self.buffer is None:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
+        final = fh.check_final(final)
         tokens = sa.check_unit_tokens(tokens)
         calls, rest = sa.plan_calls(self.buffer, tokens, final)
         self._check_bounds(calls)
