@@ -32,6 +32,7 @@ import torch
 from duplexcadence.adapters import code2wav as c2w
 from duplexcadence.runtime import BitMismatch, compare_units
 from suite import env
+from suite.gpu.common import stats_ms, timed
 
 MIN_MEASURED_UNITS = 30
 TARGET_MS_PER_S = 8.0            # issue 6: at most 8 ms per second of audio
@@ -71,29 +72,6 @@ def make_turns(args) -> list[list[torch.Tensor]]:
         left -= sizes[-1]
     return [[torch.randint(0, c2w.CODEBOOK_SIZE, (c2w.NUM_QUANTIZERS, n), generator=gen)
              for n in turn_frames(t, size)] for t, size in enumerate(sizes)]
-
-
-def timed(device, fn, *a, **kw):
-    """(result, ms): CUDA events around fn (device idle at the start; synchronize after) or perf_counter."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = fn(*a, **kw)
-        end.record()
-        torch.cuda.synchronize(device)
-        return out, float(start.elapsed_time(end))
-    t0 = time.perf_counter()
-    out = fn(*a, **kw)
-    return out, (time.perf_counter() - t0) * 1e3
-
-
-def stats_ms(values) -> dict:
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return {}
-    return {"p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)),
-            "p99": float(np.percentile(v, 99)), "mean": float(v.mean()), "max": float(v.max())}
 
 
 def deviation(reference: np.ndarray, pieces: list[tuple[int, np.ndarray]]) -> dict:

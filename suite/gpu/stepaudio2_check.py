@@ -38,12 +38,12 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from duplexcadence.adapters import flow_hift as fh
 from duplexcadence.adapters import stepaudio2 as sa
 from suite import env
+from suite.gpu.common import stats_ms, timed
 from suite.memory import _Driver
 
 MIB = 1024 * 1024
@@ -98,28 +98,6 @@ def rng_mark(device: torch.device) -> dict:
     except Exception:           # CPU generators (and older torch) have no offset: the state hash says it
         pass
     return {"offset": offset, "state_sha256": hashlib.sha256(state.numpy().tobytes()).hexdigest()[:16]}
-
-
-def timed(device, fn, *a, **kw):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = fn(*a, **kw)
-        end.record()
-        torch.cuda.synchronize(device)
-        return out, float(start.elapsed_time(end))
-    t0 = time.perf_counter()
-    out = fn(*a, **kw)
-    return out, (time.perf_counter() - t0) * 1e3
-
-
-def stats_ms(values) -> dict:
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return {}
-    return {"p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)),
-            "p99": float(np.percentile(v, 99)), "mean": float(v.mean()), "max": float(v.max()), "n": int(v.size)}
 
 
 def torch_mem(device) -> dict:

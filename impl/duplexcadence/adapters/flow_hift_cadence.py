@@ -70,6 +70,16 @@ class _DeviceTimestepTable:
         return embedding
 
 
+def flow_layout(flow) -> tuple[int, int, int, int, int, torch.dtype]:
+    """The flow's cache geometry: (token-rate conformer layers, all conformer layers, DiT cache layer
+    slots, attention heads, 2 x head dim (keys and values side by side), parameter dtype).
+    The stock DiT/CFM buffers have 16 layer slots whatever the DiT depth (decoder_dit.py L406-407,
+    flow_matching.py L35-36) and the caches they return carry all 16; the slots are read from them."""
+    n_token = len(flow.encoder.encoders)
+    depth = flow.decoder.estimator.att_cache_buffer.shape[0]
+    return n_token, n_token + len(flow.encoder.up_encoders), depth, 8, 128, next(flow.parameters()).dtype
+
+
 def voice_base(t2w, prompt: fh.Prompt, n_steps: int) -> tuple[dict, dict]:
     """The voice's stream caches right after `Token2wav.set_stream_cache` (token2wav.py L192-204): flow
     caches (estimator caches cut to the `n_steps` Euler steps in use) and the vocoder's reset cache dict.
@@ -144,14 +154,8 @@ class CadenceSession:
         Lmax = self.specs["estimator_att"].policy.bound()
         self.Lmax = Lmax
         flow = t2w.flow
-        self.n_token_layers = len(flow.encoder.encoders)
-        n_layers = self.n_token_layers + len(flow.encoder.up_encoders)
         dit = flow.decoder.estimator
-        # The stock DiT/CFM buffers have 16 layer slots whatever the DiT depth (decoder_dit.py L406-407,
-        # flow_matching.py L35-36) and the caches they return carry all 16; keep that shape.
-        depth = dit.att_cache_buffer.shape[0]
-        heads, dk2 = 8, 128
-        dtype = next(flow.parameters()).dtype
+        self.n_token_layers, n_layers, depth, heads, dk2, dtype = flow_layout(flow)
         self.dtype = dtype
 
 

@@ -95,7 +95,7 @@ from torch.overrides import TorchFunctionMode
 from duplexcadence.adapters import flow_hift as fh
 from duplexcadence.adapters import stepaudio2 as sa
 from duplexcadence.adapters.flow_hift_cadence import CadenceSession as _FlowCadence
-from duplexcadence.adapters.flow_hift_cadence import _DeviceTimestepTable
+from duplexcadence.adapters.flow_hift_cadence import _DeviceTimestepTable, flow_layout
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import ClockError
 from duplexcadence.graphs import GraphCache
@@ -180,12 +180,8 @@ class CadenceSession(_FlowCadence):
         self.specs = {r.name: r for r in sa.regions(self.P, self.limit)}
         self.Lmax = self.specs["estimator_att"].policy.bound()
         self.Lconf_max = self.specs["conformer_att"].policy.bound()
-        self.n_token_layers = len(flow.encoder.encoders)
-        n_layers = self.n_token_layers + len(flow.encoder.up_encoders)
         dit = flow.decoder.estimator
-        depth = dit.att_cache_buffer.shape[0]
-        heads, dk2 = 8, 128
-        dtype = next(flow.parameters()).dtype
+        self.n_token_layers, n_layers, depth, heads, dk2, dtype = flow_layout(flow)
         self.dtype = dtype
 
         # The stock set-up, once per session (t2w L102-115; ex L46): its caches are copied into the arena.
