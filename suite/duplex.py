@@ -136,13 +136,18 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
         estimate = entry.nbytes
         drv = entry.driver
         drv.turn = None                    # the run's first SPEAK unit opens a turn
-        drv.tail_lock = locks.setdefault(id(entry.instance), threading.Lock()) if policy == "threads" \
+        # Sessions on one model instance serialise their tails on its lock under "threads", unless the
+        # session is safe to run beside them (flow_hift cadence: shared-state steps hold the model's lock
+        # inside the session, replays touch none).
+        shared = policy == "threads" and not getattr(drv.session, "concurrent", False)
+        drv.tail_lock = locks.setdefault(id(entry.instance), threading.Lock()) if shared \
             else contextlib.nullcontext()
         stream = torch.cuda.Stream(device) if (policy == "threads" and device.type == "cuda") else None
         sched.admit(scheduler.Slot(name, units, drv.run_unit, Driver.has_work, entry.nbytes, phases[s], stream))
         drivers.append(drv)
         admission.append({"session": s, "footprint_bytes": entry.nbytes, "footprint_how": entry.how,
-                          "variant": s % variants, "phase_s": phases[s], "reused": reused})
+                          "variant": s % variants, "phase_s": phases[s], "reused": reused,
+                          "tail_lock": shared, "rehearsed": drv.rehearsed})
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
@@ -253,6 +258,9 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | di
     device = torch.device(device)
     adapter = runtime.adapter(workload.architecture)
     spec = make_spec(workload, steps)
+    if workload.architecture == "flow_hift" and spec.get("variant") != "stepaudio2":
+        # no synthetic turns at session open: Driver.warm_up rehearses the script's own turn shapes
+        spec["cadence"] = {**spec.get("cadence", {}), "prepare_turns": 0}
     probe = MemoryProbe(device)
     model = adapter.build_model(spec, device=device, depth=depth, seed=workload.seeds.get("weights", seed))
     ar = make_ar(ar_spec, workload.name, device, depth=depth, seed=seed)

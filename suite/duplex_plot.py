@@ -2,8 +2,8 @@
 
 Per workload:
 * `<workload>_speak.png`: per-unit SPEAK time (ms) against the unit's release time (s) for every SPEAK
-  unit of every session in the run with the most sessions that both modes ran, stock and DuplexCadence on
-  the same axes, with the cadence line at the period (1000 ms); missed units drawn as x.
+  unit of every session, each mode at its largest session count with zero misses (else its smallest run),
+  stock and DuplexCadence on the same axes, with the cadence line at the period (1000 ms); missed units drawn as x.
 * `<workload>_miss_rate.png`: miss rate (fraction of units that ran) against session count, stock and
   DuplexCadence on the same axes; refused runs (admission) are not drawn.
 """
@@ -16,12 +16,13 @@ STYLES = {"stock": dict(marker="s", linestyle="--", markersize=8), "cadence": di
 LABELS = {"stock": "stock", "cadence": "DuplexCadence"}
 
 
-def _common_n(w: dict) -> int | None:
-    ns = None
-    for m in w["modes"].values():
-        ran = {r["sessions"] for r in m["runs"] if not r.get("refused")}
-        ns = ran if ns is None else ns & ran
-    return max(ns) if ns else None
+def _shown_n(m: dict) -> int | None:
+    """The session count whose run a mode's SPEAK-time plot shows: its largest count with zero misses,
+    else the smallest count it ran."""
+    ran = sorted(r["sessions"] for r in m["runs"] if not r.get("refused"))
+    if not ran:
+        return None
+    return m.get("max_zero_miss_sessions") or ran[0]
 
 
 def plot_all(record: dict, out: Path) -> list[str]:
@@ -35,9 +36,9 @@ def plot_all(record: dict, out: Path) -> list[str]:
     ar = record["parameters"]["ar"]
     written = []
     for name, w in record["workloads"].items():
-        n = _common_n(w)
         fig, ax = plt.subplots(figsize=(9, 4))
         for mode, m in w["modes"].items():
+            n = _shown_n(m)
             run = next((r for r in m["runs"] if r["sessions"] == n and not r.get("refused")), None)
             if run is None:
                 continue

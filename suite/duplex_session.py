@@ -76,6 +76,7 @@ class Driver:
         self.name = name
         self.turn = None
         self.tail_lock = tail_lock or contextlib.nullcontext()   # sessions sharing one model instance
+        self.rehearsed = None      # what session.rehearse() did in warm_up (flow_hift cadence)
 
     @staticmethod
     def has_work(unit: DuplexUnit) -> bool:
@@ -120,16 +121,25 @@ class Driver:
         CUDA; the next start_turn restores the voice's base state).
         Stock Moshi (no turns, no prepare) is not warmed: a unit would advance its stream."""
         self.ar.run(seed=-1)
+        if self.rehearsed is not None:     # already rehearsed: every signature of the script is captured
+            return
         if not hasattr(self.session, "start_turn") or not _turn_based(self.session):
             if callable(getattr(self.session, "prepare", None)):
                 self.session.prepare()     # Moshi cadence: capture + restore
             return
-        # Turn-based sessions (flow_hift, code2wav): a flow_hift cadence session has already run its own
-        # prepare() (synthetic full units) when it opened; this turn adds the script's own first / ramp /
-        # final shapes (a 20-token first unit ramps through other cache lengths than a 25-token one).
         speak = [u for u in units if u.kind == "SPEAK"]
         if not speak:
             return
+        if callable(getattr(self.session, "rehearse", None)):
+            # flow_hift cadence: every turn shape of this session's script (token counts per unit) as a
+            # synthetic turn, so every signature is captured before the cadence starts; on CUDA the graph
+            # set is then frozen (no capture while sessions run on several host threads).
+            self.rehearsed = self.session.rehearse(script_turns(units), freeze=self.device.type == "cuda")
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return
+        # Other turn-based sessions (code2wav, stock flow_hift): one turn over the script's first SPEAK
+        # payloads and a final unit (first / ramp / steady / final shapes).
         finals = [u for u in speak if u.final]
         body = [u for u in speak if not u.final][:body]
         self.session.start_turn()
@@ -139,6 +149,20 @@ class Driver:
         self.turn = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def script_turns(units: list[DuplexUnit]) -> list[tuple[int, ...]]:
+    """The token counts of every turn's SPEAK units, in order (a turn ends at its final unit; a turn cut
+    by the end of the run is left out: it is never flushed)."""
+    turns, cur = [], []
+    for u in units:
+        if u.kind != "SPEAK":
+            continue
+        cur.append(0 if u.payload is None else len(u.payload))
+        if u.final:
+            turns.append(tuple(cur))
+            cur = []
+    return turns
 
 
 def _turn_based(session) -> bool:

@@ -449,3 +449,96 @@ def test_non_bool_final_is_rejected_and_the_turn_stays_open(model, mode):
         with pytest.raises(InputError, match="final: expected a bool"):
             s.speak(tokens_for(0, 25), final=final)      # "no" would have flushed and closed the turn
     assert s.buffer == buffer
+
+
+def test_rehearsal_turns_cut_steady_runs_and_drop_repeats():
+    """Pure: runs of equal counts longer than STEADY_UNITS are cut (the final unit kept), repeats dropped,
+    order kept; bad turns are ValueErrors naming the turn."""
+    from duplexcadence.adapters.flow_hift_cadence import STEADY_UNITS, rehearsal_turns
+    assert STEADY_UNITS == 4
+    turns = [[16, 0], [20] + [25] * 15 + [1], [25] * 9 + [2], [25, 25, 3], [25] * 6 + [4], [16, 0],
+             [25] * 12 + [2], [14, 25, 9, 25, 25, 25, 25, 25, 0]]
+    assert rehearsal_turns(turns) == [(16, 0), (20, 25, 25, 25, 25, 1), (25, 25, 25, 25, 2), (25, 25, 3),
+                                      (25, 25, 25, 25, 4), (14, 25, 9, 25, 25, 25, 25, 0)]
+    assert rehearsal_turns([[25] * 9 + [2]], steady_units=2) == [(25, 25, 2)]
+    for bad, what in (([[]], r"turns\[0\]"), ([[25], [27]], r"turns\[1\]"), ([[25, -1]], r"turns\[0\]"),
+                      ([[True]], r"turns\[0\]")):
+        with pytest.raises(ValueError, match=what):
+            rehearsal_turns(bad)
+
+
+def test_rehearse_covers_every_signature_of_a_long_turn(model):
+    """rehearse() on the cut shape of a long turn (20 tokens, then 25 x 6, then a 1-token flush) meets every
+    signature the real turn meets (flow and vocoder blocks): the steady state is reached within
+    STEADY_UNITS units. It leaves no open turn; misuse raises before anything runs."""
+    cad = CadenceSession(model.t2w, model.prompt, prepare_turns=0)
+    seen, run = [], cad.graphs.run
+
+    def logged(sig, step):
+        seen.append(sig)
+        return run(sig, step)
+
+    cad.graphs.run = logged
+    turn = [20] + [25] * 6 + [1]
+    done = cad.rehearse([turn, turn])
+    assert done["shapes"] == [[20, 25, 25, 25, 25, 1]] and done["eager_runs"] > 0 and not done["frozen"]
+    assert cad.buffer is None and cad.len_conf is None
+    rehearsed, seen[:] = set(seen), []
+    cad.start_turn()
+    for k, n in enumerate(turn):
+        cad.speak(tokens_for(k, n), final=k == len(turn) - 1)
+    real = set(seen)
+    assert real <= rehearsed, f"signatures the rehearsal missed: {sorted(map(str, real - rehearsed))}"
+    assert any(s[0] == "vocoder" for s in real) and any(s[0] == "flow" for s in real)
+    cad.start_turn()
+    with pytest.raises(InputError, match="rehearse"):
+        cad.rehearse([turn])                          # a turn is open
+    with pytest.raises(ValueError, match="passes"):
+        CadenceSession(model.t2w, model.prompt, prepare_turns=0).rehearse([turn], passes=0)
+
+
+def test_graph_cache_shares_warm_up_and_locks_only_eager_runs_and_captures():
+    """GraphCache (capture stubbed, CPU): a signature warmed by one cache is captured by a second cache
+    sharing `warmed` on its first occurrence; the lock is held for warm-up runs and captures, not replays."""
+    from duplexcadence.graphs import GraphCache, GraphEntry
+
+    class CountingLock:
+        def __init__(self):
+            self.entered = 0
+
+        def __enter__(self):
+            self.entered += 1
+
+        def __exit__(self, *exc):
+            return False
+
+    class FakeGraph:
+        def __init__(self):
+            self.replays = 0
+
+        def replay(self):
+            self.replays += 1
+
+    def make(warmed, lock):
+        g = GraphCache("cpu", enabled=False, warmup=1, warmed=warmed, lock=lock)
+        g.enabled = True                               # drive the CUDA path's bookkeeping on the CPU
+
+        def capture(sig, step):
+            g.entries[sig] = GraphEntry(sig, FakeGraph(), step(), 0)
+            g.stats.captures += 1
+            return g.entries[sig].outputs
+        g._capture = capture
+        return g
+
+    warmed, lock = set(), CountingLock()
+    a, b = make(warmed, lock), make(warmed, lock)
+    assert a.run("s", lambda: 1) == 1 and a.stats.warmup_runs == 1 and "s" in warmed
+    assert a.run("s", lambda: 2) == 2 and a.stats.captures == 1
+    entered = lock.entered
+    a.run("s", lambda: 3)
+    assert a.stats.replays == 1 and lock.entered == entered           # replay: no lock
+    assert b.run("s", lambda: 4) == 4 and b.stats.captures == 1 and b.stats.warmup_runs == 0
+    alone = make(None, None)                                           # no shared set: warms itself
+    alone.run("s", lambda: 5)
+    assert alone.stats.warmup_runs == 1 and alone.stats.captures == 0
+    assert lock.entered == entered + 1

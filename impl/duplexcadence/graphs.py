@@ -17,11 +17,20 @@ output that must outlive other replays (e.g. the flow's mel, read block by block
 graphs replay) is written into the arena by the step and returned as an arena view.
 
 On CPU (or with enabled=False) every call runs eagerly and is counted as such; the same code path runs
-on both devices. Mirrors the idea of vLLM's CudagraphDispatcher (capture keyed by a descriptor) and
+on both devices.
+
+Sessions on one model, many host threads: a replay touches no Python state of the shared model (only its
+kernels run), but an eager run or a capture runs the step's Python, which may point shared module buffers
+at this session's arena for the step. `lock` (one per model, shared by its sessions' caches) is held for
+exactly those runs, never for a replay. `warmed` (a set shared by the sessions of one model and process)
+records the signatures whose warm-up runs already happened in this process: the warm-up exists for the
+process's lazy initialisations (cuBLAS/cuDNN handles, kernel loading), so a second session captures a
+signature the first one warmed on its first occurrence. Mirrors the idea of vLLM's CudagraphDispatcher (capture keyed by a descriptor) and
 moshi's CUDAGraphed (utils/compile.py L190-280), without padding and with many keys.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
@@ -66,10 +75,13 @@ class GraphCache:
     device: the session's device; graphs are used only on CUDA and when `enabled` (default: CUDA).
     strict: after `close()`, an unseen signature raises SignatureError instead of running eagerly.
     arena: the session's Arena; its base address is checked on every replay.
+    warmup: eager runs of a new signature before it is captured; warmed: a set shared across the caches
+    of one model (see the module docstring), None = per cache; lock: a context manager (e.g. a
+    threading.RLock shared per model) held around every eager run and capture, None = no lock.
     """
 
     def __init__(self, device, *, enabled: bool | None = None, strict: bool = False, arena=None,
-                 warmup: int = 0):
+                 warmup: int = 0, warmed: set | None = None, lock=None):
         self.device = torch.device(device)
         self.enabled = (self.device.type == "cuda") if enabled is None else enabled
         if self.enabled and self.device.type != "cuda":
@@ -78,6 +90,8 @@ class GraphCache:
         self.arena = arena
         self.warmup = warmup            # eager runs of a signature before it is captured (lazy inits)
         self.seen: dict = {}
+        self.warmed = warmed
+        self.lock = lock if lock is not None else contextlib.nullcontext()
         self.entries: dict[Hashable, GraphEntry] = {}
         self.eager_only: set = set()
         self.closed = False
@@ -98,7 +112,8 @@ class GraphCache:
         the same static tensors every replay, so copy what must outlive the next replay."""
         if not self.enabled or signature in self.eager_only:
             self.stats.eager_runs += 1
-            return step()
+            with self.lock:
+                return step()
         entry = self.entries.get(signature)
         if entry is not None:
             base = self.arena.base if self.arena is not None else 0
@@ -108,17 +123,27 @@ class GraphCache:
             entry.graph.replay()
             self.stats.replays += 1
             return entry.outputs
-        if self.seen.get(signature, 0) < self.warmup and not self.closed:
-            self.seen[signature] = self.seen.get(signature, 0) + 1
-            self.stats.warmup_runs += 1
-            return step()
-        if self.closed:
-            if self.strict:
-                raise SignatureError(f"signature {signature!r} was not captured before close() "
-                                     f"(known: {len(self.entries)})")
-            self.stats.eager_fallbacks += 1
-            return step()
-        return self._capture(signature, step)
+        with self.lock:
+            if self._needs_warmup(signature):
+                self.seen[signature] = self.seen.get(signature, 0) + 1
+                if self.warmed is not None and self.seen[signature] >= self.warmup:
+                    self.warmed.add(signature)
+                self.stats.warmup_runs += 1
+                return step()
+            if self.closed:
+                if self.strict:
+                    raise SignatureError(f"signature {signature!r} was not captured before close() "
+                                         f"(known: {len(self.entries)})")
+                self.stats.eager_fallbacks += 1
+                return step()
+            return self._capture(signature, step)
+
+    def _needs_warmup(self, signature) -> bool:
+        """True while `signature` has had fewer than `warmup` eager runs, here or (with `warmed`) in any
+        cache sharing the set; never after close()."""
+        if self.closed or self.seen.get(signature, 0) >= self.warmup:
+            return False
+        return self.warmed is None or signature not in self.warmed
 
     def _capture(self, signature, step):
         graph = torch.cuda.CUDAGraph()

@@ -66,6 +66,9 @@ def parse_args(argv):
     p.add_argument("--no-graphs", action="store_true",
                    help="skip the graph modes (cadence_graphs, cadence_dit_hift)")
     p.add_argument("--modes", default=None, help="comma list of modes to run (default: all the device allows)")
+    p.add_argument("--allocator", choices=("default", "expandable"), default="default",
+                   help="torch's CUDA caching allocator for the whole process (every mode): 'expandable' = "
+                        "expandable_segments:True, set before anything is allocated")
     a = p.parse_args(argv)
     if a.units < 2 or not 1 <= a.mark <= a.units:
         p.error(f"--units >= 2 and 1 <= --mark <= --units, got --units {a.units} --mark {a.mark}")
@@ -101,10 +104,16 @@ def rng_mark(device: torch.device) -> dict:
 
 
 def torch_mem(device) -> dict:
+    """torch's caching-allocator view now: allocated, reserved, and what explains reserved >> allocated
+    (inactive split bytes: cached free pieces of segments; segment count; allocation retries)."""
     if device.type != "cuda":
         return {}
+    st = torch.cuda.memory_stats(device)
     return {"allocated_mib": torch.cuda.memory_allocated(device) / MIB,
-            "reserved_mib": torch.cuda.memory_reserved(device) / MIB}
+            "reserved_mib": torch.cuda.memory_reserved(device) / MIB,
+            "inactive_split_mib": st.get("inactive_split_bytes.all.current", 0) / MIB,
+            "segments": st.get("segment.all.current"), "alloc_retries": st.get("num_alloc_retries"),
+            "reserved_peak_mib": st.get("reserved_bytes.all.peak", 0) / MIB}
 
 
 def run_mode(model, mode: str, turns, device, args, driver) -> dict:
@@ -193,6 +202,8 @@ def main(argv=None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     prov = env.provenance(device=device)
+    if args.allocator == "expandable" and device.type == "cuda":
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     driver = _Driver(device) if device.type == "cuda" else None
     modes = ["stock", "cadence"] + ([] if device.type != "cuda" or args.no_graphs
                                     else ["cadence_graphs", "cadence_dit_hift"])

@@ -259,8 +259,7 @@ class ArenaVocoder:
         self._stage_noise(plan)
         sig = ("vocoder", finalize, plan["mel_len"], plan["src_len"], plan["f0"], plan["parts"], plan["dec"],
                plan["keep_mel"], plan["keep_src"])
-        with torch.device(self.device), self._bound():
-            out = self.graphs.run(sig, lambda: self._block_step(plan))
+        out = self.graphs.run(sig, lambda: self._bound_step(plan))
         keep_mel, keep_source, se_new, em_new, src_len = plan["new"]
         speech = self._mel.new_zeros(1, 0)
         if plan["dec"] is not None:
@@ -317,6 +316,12 @@ class ArenaVocoder:
 
     def _bound(self):
         return _Bound(self)
+
+    def _bound_step(self, plan: dict):
+        """`_block_step` with device-default factories and the device STFT window (`_Bound`): entered inside
+        the step, so a replay swaps nothing on the shared model (sessions may replay on other threads)."""
+        with torch.device(self.device), self._bound():
+            return self._block_step(plan)
 
     def _block_step(self, plan: dict):
         """One block on arena views (graph-capturable: reads/writes arena views and its own tensors only).

@@ -26,6 +26,13 @@ Same kernels as the stock session: `CausalMaskedDiffWithXvec.inference_chunk` (f
   keeps the stock eager BoundedVocoder instead (for measurement).
 * `prepare()` (run at session open on CUDA) captures a voice's turn-start, ramp and steady graphs with
   synthetic turns before the first real one; start_turn() restores the voice state afterwards.
+  `rehearse(turns)` does the same for a given set of turn shapes (token counts per unit, each turn
+  flushed) -- every signature a session script will produce, known from its counts alone
+  (`rehearsal_turns`) -- and can then freeze the graph set, so the live cadence never captures.
+* Many sessions of one model on many host threads (suite.duplex's "threads" policy): replays touch no
+  Python state of the shared model; every eager run and capture (which point the shared CFM/DiT buffers
+  at the session's arena for the step, `_bound`) holds the model's lock, and a signature warmed by one
+  session is captured by the next on first occurrence (GraphCache `lock`, `warmed`).
 
 Bit-exactness: every unit's float32 waveform and int16 PCM equal the stock session's (tests/ and the
 suite's verify mode check every unit).
@@ -33,6 +40,7 @@ suite's verify mode check every unit).
 from __future__ import annotations
 
 import math
+import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -118,6 +126,55 @@ def release_stock_buffers(t2w) -> int:
     return freed
 
 
+def model_lock(t2w) -> threading.RLock:
+    """The lock shared by every cadence session of this model instance: held for eager runs and captures
+    (which bind the shared module buffers to one session's arena), never for a replay."""
+    return t2w.__dict__.setdefault("_duplexcadence_lock", threading.RLock())
+
+
+def warmed_signatures(t2w, key) -> set:
+    """Signatures whose eager warm-up already ran in this process, per model instance and `key`
+    (Euler steps, vocoder kind, noise): shared by the sessions' graph caches (GraphCache `warmed`)."""
+    return t2w.__dict__.setdefault("_duplexcadence_warmed", {}).setdefault(key, set())
+
+
+def rehearsal_turns(turns, steady_units: int | None = None) -> list[tuple[int, ...]]:
+    """The distinct turn shapes that produce every signature of `turns`, each as short as possible.
+
+    turns: an iterable of turns, each a sequence of token counts per SPEAK unit (the last one is the turn's
+    final, flushed unit). Shapes depend on counts only (the clocks: tokens -> mel frames -> cache lengths),
+    and a run of equal counts stops producing new signatures once both KV caches sit at their retention
+    cap (P + 100 mel frames, reached after ceil(100 / 50) + 1 full units) and the vocoder's block plan
+    repeats: `STEADY_UNITS` equal units. So every run of equal counts longer than that (the final unit
+    excluded) is cut to that length, then duplicates are dropped (order kept).
+    Returns a list of tuples of ints. Raises ValueError for an empty turn or a count outside
+    [0, CHUNK_TOKENS + 1]."""
+    steady = STEADY_UNITS if steady_units is None else steady_units
+    out, seen = [], set()
+    for i, turn in enumerate(turns):
+        counts = tuple(turn)
+        if not counts:
+            raise ValueError(f"turns[{i}]: expected at least one unit (the final one), got none")
+        for c in counts:
+            if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= fh.CHUNK_TOKENS + 1:
+                raise ValueError(f"turns[{i}]: expected token counts in [0, {fh.CHUNK_TOKENS + 1}], got {c!r}")
+        body, cut = counts[:-1], []
+        for c in body:
+            run = 0
+            for prev in reversed(cut):
+                if prev != c:
+                    break
+                run += 1
+            if run < steady:
+                cut.append(c)
+        shape = tuple(cut) + counts[-1:]
+        if shape not in seen:
+            seen.add(shape)
+            out.append(shape)
+    return out
+
+
+STEADY_UNITS = 4      # equal full units after which no new signature appears (rehearsal_turns)
 PREPARE_TURNS = 2     # synthetic turns run at session open on CUDA (prepare)
 PREPARE_UNITS = 5     # full units per synthetic turn: first, ramp and steady shapes recur by the 4th
 PREPARE_SEED = 20261130
@@ -183,8 +240,12 @@ class CadenceSession:
         self._dit_att = a["dit_att_scratch"].view((depth, 2, heads, Lmax, dk2))
         self._dit_cnn = a["dit_cnn_scratch"].view((depth, 2, 1024, 2))
         self._shape_conf = (n_layers, 1, heads)
-        # warmup=1: a signature's first occurrence runs eagerly (lazy initialisations outside capture).
-        self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=a, warmup=1)
+        # warmup=1: a signature's first occurrence in this process runs eagerly (lazy initialisations
+        # outside capture); eager runs and captures hold the model's lock (sessions on host threads).
+        self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=a, warmup=1,
+                                 warmed=warmed_signatures(t2w, (self.n_steps, vocoder, noise)),
+                                 lock=model_lock(t2w))
+        self._own_vocoder = vocoder == "cadence"
         if self.vocoder is not None:
             self.vocoder.attach(a, self.graphs)
         self._timestep = _DeviceTimestepTable()
@@ -204,6 +265,14 @@ class CadenceSession:
             prepare_turns = PREPARE_TURNS if self.graphs.enabled else 0
         self.prepared = self.prepare(prepare_turns) if prepare_turns else None
 
+    @property
+    def concurrent(self) -> bool:
+        """True when this session may run on its own host thread beside other sessions of this model:
+        everything that touches shared module state runs under the model lock, and no capture can start
+        any more (graphs frozen by `rehearse(freeze=True)`, or off). The stock vocoder path swaps
+        t2w.hift_cache_dict per call, so it never is."""
+        return self._own_vocoder and (self.graphs.closed or not self.graphs.enabled)
+
     # --- ahead-of-time capture ---------------------------------------------------------------------
     def prepare(self, turns: int = 2, units: int = PREPARE_UNITS) -> dict:
         """Capture this voice's turn-start, ramp and steady graphs before the first real turn.
@@ -222,12 +291,51 @@ class CadenceSession:
         if self.buffer is not None:
             raise InputError("prepare: a turn is open (prepare would discard it); call it before start_turn "
                              "or after the turn's final unit")
-        before = self.graphs.stats.snapshot()
         gen = torch.Generator().manual_seed(PREPARE_SEED)
-        for _ in range(turns):
+        return self._synthetic([(fh.CHUNK_TOKENS,) * units] * turns, flush=False, gen=gen)
+
+    def rehearse(self, turns, *, freeze: bool = False, passes: int = 2) -> dict:
+        """Capture every graph the given turns will need, before the live cadence.
+
+        turns: an iterable of turns, each a sequence of token counts per SPEAK unit, the last one the
+        final (flushed) unit, e.g. the session script's turns; `rehearsal_turns` reduces them to the
+        distinct shortest shapes. Each shape runs as a synthetic turn (token ids from a fixed seeded
+        sequence: shapes depend on counts only); a pass that still ran warm-up (first-occurrence eager)
+        runs are followed by another, up to `passes`. freeze: then close the graph set (a later new
+        signature runs eagerly and is counted as an eager fallback, or raises with strict=True), so no
+        capture happens while sessions run on several host threads. Nothing of it reaches a real turn
+        (start_turn restores the voice state). Returns the graph counters' change and the shapes run.
+        Raises ValueError for bad turns (before anything runs) and InputError while a turn is open or
+        after close()."""
+        shapes = rehearsal_turns(turns)
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"passes: expected an int >= 1, got {passes!r}")
+        self._check_open("rehearse")
+        if self.buffer is not None:
+            raise InputError("rehearse: a turn is open (rehearse would discard it); call it before start_turn "
+                             "or after the turn's final unit")
+        gen = torch.Generator().manual_seed(PREPARE_SEED)
+        total = None
+        for _ in range(passes):
+            delta = self._synthetic(shapes, flush=True, gen=gen)
+            total = delta if total is None else {k: total[k] + delta[k] for k in delta}
+            if not delta["warmup_runs"]:
+                break
+        if freeze:
+            self.graphs.close()
+        total["shapes"] = [list(t) for t in shapes]
+        total["frozen"] = self.graphs.closed
+        return total
+
+    def _synthetic(self, turns, *, flush: bool, gen: torch.Generator) -> dict:
+        """Run synthetic turns (token counts per unit; the last unit of each turn final if `flush`), then
+        leave the session with no open turn. Returns the graph counters' change."""
+        before = self.graphs.stats.snapshot()
+        for counts in turns:
             self.start_turn()
-            for _ in range(units):
-                self.speak(torch.randint(0, fh.VOCAB_SIZE, (fh.CHUNK_TOKENS,), generator=gen).tolist())
+            for k, n in enumerate(counts):
+                final = flush and k == len(counts) - 1
+                self.speak(torch.randint(0, fh.VOCAB_SIZE, (n,), generator=gen).tolist(), final=final)
         self.len_conf = self.len_est = None
         self.buffer = None
         self.turn = -1

@@ -295,6 +295,16 @@ class CadenceSession(_FlowCadence):
         raise InputError("prepare: Step-Audio 2 sessions have no synthetic warm-up turns (their caches carry "
                          "over between turns, so a synthetic turn would change every later unit)")
 
+    def rehearse(self, turns, *, freeze: bool = False, passes: int = 2) -> dict:
+        """Not available, for the reason prepare() gives. Raises InputError, the session unchanged."""
+        raise InputError("rehearse: Step-Audio 2 sessions have no synthetic turns (their caches carry over "
+                         "between turns, so a synthetic turn would change every later unit)")
+
+    @property
+    def concurrent(self) -> bool:
+        """False: every call patches the shared CFM's forward_chunk and binds its buffers (`_bound`)."""
+        return False
+
     # --- turn and unit -----------------------------------------------------------------------------
     def start_turn(self) -> None:
         """A new response: an empty token buffer (ex L5); the caches carry over, as upstream's do.

@@ -1,0 +1,102 @@
+"""Merge suite.duplex records of the same workloads measured in separate processes (e.g. stock and
+DuplexCadence each on its own GPU of one host, run at the same time) into one record and its plots.
+
+    python -m suite.duplex_merge results/<run>/duplex-a/duplex.json results/<run>/duplex-b/duplex.json \
+        --out results/<run>/duplex
+
+Per workload, the modes of every part are put side by side (a mode measured in two parts is an error);
+`cadence_equals_stock` is recomputed from the two modes' one-session runs (every unit's sha256, in order),
+so the merged record still says whether DuplexCadence's session alone is byte-identical to stock's.
+The parts' provenance and parameters are kept under `parts`; the verdict is INVALID if any part is, or if
+the one-session runs differ (or one is missing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from suite.duplex import SCHEMA
+
+
+def _solo_hashes(mode_record: dict) -> list | None:
+    run = next((r for r in mode_record["runs"] if r["sessions"] == 1 and not r.get("refused")), None)
+    if run is None:
+        return None
+    return [(u["index"], u["sha256_f32"], u["sha256_pcm16"]) for u in run["units"] if u.get("sha256_f32")]
+
+
+def merge(records: list[dict]) -> dict:
+    """One record from several (same schema). Raises ValueError for another schema, a mode measured
+    twice for one workload, or parts with different cadence periods or AR stages."""
+    if len(records) < 2:
+        raise ValueError(f"records: expected at least 2 duplex records, got {len(records)}")
+    for i, r in enumerate(records):
+        if r.get("schema") != SCHEMA:
+            raise ValueError(f"records[{i}]: expected schema {SCHEMA!r}, got {r.get('schema')!r}")
+    for key in ("period_s", "ar", "seconds"):
+        vals = {json.dumps(r["parameters"][key]) for r in records}
+        if len(vals) > 1:
+            raise ValueError(f"parameters.{key}: the parts differ ({sorted(vals)}); they cannot share one record")
+    out = {"schema": SCHEMA, "merged_from": len(records),
+           "provenance": records[0]["provenance"], "parameters": dict(records[0]["parameters"]),
+           "parts": [{"provenance": r["provenance"], "parameters": r["parameters"], "verdict": r["verdict"],
+                      "invalid_reasons": r["invalid_reasons"]} for r in records],
+           "workloads": {}}
+    out["parameters"]["modes"] = []
+    reasons = []
+    for i, r in enumerate(records):
+        reasons += [f"part {i}: {x}" for x in r["invalid_reasons"]]
+        for name, w in r["workloads"].items():
+            dst = out["workloads"].setdefault(name, {**{k: v for k, v in w.items() if k not in
+                                                        ("modes", "reference", "invalid_reasons",
+                                                         "cadence_equals_stock")},
+                                                     "modes": {}, "reference": {}, "invalid_reasons": []})
+            for mode, m in w["modes"].items():
+                if mode in dst["modes"]:
+                    raise ValueError(f"workload {name!r}: mode {mode!r} is in more than one part")
+                dst["modes"][mode] = m
+                dst["reference"][mode] = w.get("reference", {}).get(mode)
+                if mode not in out["parameters"]["modes"]:
+                    out["parameters"]["modes"].append(mode)
+            dst["invalid_reasons"] += w["invalid_reasons"]
+    for name, w in out["workloads"].items():
+        if "stock" in w["modes"] and "cadence" in w["modes"]:
+            a, b = _solo_hashes(w["modes"]["stock"]), _solo_hashes(w["modes"]["cadence"])
+            w["cadence_equals_stock"] = a is not None and a == b
+            if not w["cadence_equals_stock"]:
+                why = "a one-session run is missing" if a is None or b is None else "they differ"
+                reasons.append(f"{name}: cadence one-session run vs stock one-session run: {why}")
+    out["verdict"] = "INVALID" if reasons else "VALID"
+    out["invalid_reasons"] = reasons
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m suite.duplex_merge", description=__doc__.split("\n\n")[0])
+    p.add_argument("records", nargs="+", help="duplex.json files")
+    p.add_argument("--out", required=True, help="folder for the merged duplex.json and plots")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        records = [json.loads(Path(f).read_text()) for f in args.records]
+        record = merge(records)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"python -m suite.duplex_merge: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.no_plots:
+        from suite.duplex_plot import plot_all
+        record["plots"] = plot_all(record, out)
+    (out / "duplex.json").write_text(json.dumps(record, indent=1))
+    for name, w in record["workloads"].items():
+        for mode, m in w["modes"].items():
+            print(f"{name} {mode}: max sessions with zero misses = {m['max_zero_miss_sessions']}")
+    print(f"verdict {record['verdict']}" + (f": {record['invalid_reasons']}" if record["invalid_reasons"] else ""))
+    return 0 if record["verdict"] == "VALID" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
