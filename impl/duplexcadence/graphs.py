@@ -97,6 +97,11 @@ class GraphCache:
         self.closed = False
         self.stats = GraphStats()
         self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        # Its own capture stream: a captured cuBLAS call keeps the workspace of (handle, capture stream),
+        # and torch.cuda.graph's default capture stream is one per process, so graphs of different
+        # sessions captured there would share one workspace and corrupt each other when replayed at the
+        # same time on different streams (seen as non-finite audio with 16 threaded sessions).
+        self.capture_stream = torch.cuda.Stream(self.device) if self.enabled else None
         self.pool_bytes = 0
 
     def close(self) -> None:
@@ -149,7 +154,7 @@ class GraphCache:
         graph = torch.cuda.CUDAGraph()
         before = torch.cuda.memory_reserved(self.device)
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream):
                 outputs = step()
         except Exception as exc:  # an uncapturable op: this signature runs eagerly from now on
             self.stats.capture_failures += 1

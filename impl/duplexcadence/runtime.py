@@ -87,3 +87,17 @@ def compare_units(workload: str, unit: int, stock: UnitOutput, cadence: UnitOutp
                        ("int16 PCM", stock.pcm16, cadence.pcm16)):
         if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
             raise BitMismatch(f"{workload}: unit {unit}: {what} differs: {first_difference(a, b)}")
+
+
+def use_expandable_segments(device) -> dict:
+    """Turn on torch's CUDA caching-allocator setting `expandable_segments:True` for this process (segments
+    created from now on grow in place instead of one new segment per larger request). For processes that
+    run DuplexCadence sessions only: a decoder part that still runs eagerly on a shape that grows every unit
+    (Step-Audio 2's conformer encoder) otherwise leaves a new cached segment behind per unit, and the
+    allocator's reserve, not the session's state, becomes its memory (measured: results/README.md). Output
+    bytes do not depend on it. No-op off CUDA. Returns {"cuda_allocator": <setting>} or {}."""
+    import torch
+    if torch.device(device).type != "cuda":
+        return {}
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    return {"cuda_allocator": "expandable_segments:True"}
