@@ -249,12 +249,15 @@ def next_bisect(runs: list[dict]) -> int | None:
 def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | dict, seconds: float,
                      modes=MODES, policy: str = "edf", variants: int = 1, depth: str = "released",
                      steps: int | None = None, budget_mib: float | None = None, seed: int = 0,
-                     after_miss: int = 1, bisect: bool = False, progress: bool = True) -> dict:
+                     after_miss: int = 1, bisect: bool = False, progress: bool = True,
+                     on_run=None) -> dict:
     """Every mode x N for one workload on one model build. Returns the workload's record.
     after_miss: once a run of a mode misses a unit, run at most this many larger N for that mode (the
     miss-rate curve), then stop. Warmed-up reusable sessions are kept from one N to the next (`pool`).
-    sessions: the session counts, or {mode: counts}. bisect: then bisect between the largest N with zero
-    misses and the smallest N that missed, so `max_zero_miss_sessions` is exact (a search over N)."""
+    sessions: the session counts, or {mode: counts}; policy: a scheduler policy, or {mode: policy}. bisect: then bisect between the largest N with zero
+    misses and the smallest N that missed, so `max_zero_miss_sessions` is exact (a search over N).
+    on_run(record): called with the workload's record so far after every run (checkpointing: a run cut
+    short by a time limit keeps what was measured)."""
     device = torch.device(device)
     adapter = runtime.adapter(workload.architecture)
     spec = make_spec(workload, steps)
@@ -288,7 +291,8 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | di
             """Run N sessions; append the run (or its refusal) to runs; None if refused."""
             try:
                 run = run_sessions(workload, mode, n, model=model, adapter=adapter, spec=spec, ar=ar,
-                                   device=device, seconds=seconds, policy=policy, variants=variants,
+                                   device=device, seconds=seconds, variants=variants,
+                                   policy=policy[mode] if isinstance(policy, dict) else policy,
                                    budget_bytes=budget, probe=probe, progress=progress, pool=pool,
                                    warmup_turns=turns)
             except (scheduler.AdmissionError, torch.OutOfMemoryError) as exc:
@@ -305,6 +309,9 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | di
             run["mismatches"] = check_against_reference(run, refs, variants)
             out["invalid_reasons"] += run["mismatches"]
             runs.append(run)
+            out["modes"][mode] = {"runs": runs, "max_zero_miss_sessions": max_zero_miss(runs), "partial": True}
+            if on_run is not None:
+                on_run(out)
             return run
 
         for n in sessions:
@@ -359,12 +366,22 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
         raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
     sessions = {m: parse_sessions(args.stock_sessions if (m == "stock" and args.stock_sessions) else args.sessions)
                 for m in args.modes}
+    policies = {m: (args.stock_policy if (m == "stock" and args.stock_policy) else args.policy) for m in args.modes}
     prov = env.provenance(command, device=device)
     record = {"schema": SCHEMA, "provenance": prov, "parameters": {
-        "ar": args.ar, "sessions": sessions, "seconds": args.seconds, "policy": args.policy,
+        "ar": args.ar, "sessions": sessions, "seconds": args.seconds, "policy": policies,
         "variants": args.variants, "depth": args.depth, "steps": args.steps, "period_s": PERIOD_S,
         "budget_mib": args.budget_mib, "modes": list(args.modes), "after_miss": args.after_miss,
         "bisect": args.bisect}, "workloads": {}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def checkpoint(partial: dict) -> None:
+        """After every run: duplex.json with what was measured so far (verdict PARTIAL until the end)."""
+        snap = {**record, "workloads": {**record["workloads"], partial["workload"]: partial},
+                "verdict": "PARTIAL", "invalid_reasons": ["run not finished"]}
+        (out / "duplex.json").write_text(json.dumps(jsonable(snap), indent=1))
+
     with env.deterministic() as det:
         record["determinism"] = det
         for wl in wls:
@@ -372,9 +389,9 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
                 print(f"{wl.name}: ar={args.ar} sessions={sessions} seconds={args.seconds}", flush=True)
             record["workloads"][wl.name] = measure_workload(
                 wl, device=device, ar_spec=args.ar, sessions=sessions, seconds=args.seconds, modes=args.modes,
-                policy=args.policy, variants=args.variants, depth=args.depth, steps=args.steps,
+                policy=policies, variants=args.variants, depth=args.depth, steps=args.steps,
                 budget_mib=args.budget_mib, after_miss=args.after_miss, bisect=args.bisect,
-                progress=args.progress)
+                progress=args.progress, on_run=checkpoint)
     reasons = [r for w in record["workloads"].values() for r in w["invalid_reasons"]]
     if prov.get("git_dirty"):
         reasons.append("dirty tree: uncommitted changes (see provenance.git_status)")
@@ -382,8 +399,6 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
         reasons.append(f"{args.seconds:g} s < {MIN_SECONDS:g} s: max zero-miss sessions is over a shorter run")
     record["verdict"] = "INVALID" if reasons else "VALID"
     record["invalid_reasons"] = reasons
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "duplex.json").write_text(json.dumps(jsonable(record), indent=1))
     if not args.no_plots:
         from suite.duplex_plot import plot_all
@@ -408,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of cadence per run (script tiled)")
     p.add_argument("--modes", default="stock,cadence", type=lambda s: [m.strip() for m in s.split(",")])
     p.add_argument("--policy", default="edf", choices=scheduler.POLICIES)
+    p.add_argument("--stock-policy", default=None, choices=scheduler.POLICIES,
+                   help="policy for stock sessions (default: --policy); on the H200 stock MiniCPM-o serves more "
+                        "sessions under edf, DuplexCadence under threads (results/README.md)")
     p.add_argument("--variants", type=int, default=1, help="distinct payload variants across sessions")
     p.add_argument("--depth", default="released", choices=("released", "reduced"))
     p.add_argument("--steps", type=int, default=None, help="override the workload's Euler steps")

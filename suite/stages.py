@@ -57,9 +57,13 @@ ESTIMATE_MARGIN = 1.5                   # a stage is expected to take up to 1.5x
 #: The duplex stage: tail only (AR none), 60 s per session count (issue 7), counts around the expected
 #: limits (stock MiniCPM-o ~4 per GPU at ~250 ms per unit; the issue's target is 24 cadence sessions).
 DUPLEX_SECONDS = 60
+#: MiniCPM-o: DuplexCadence sessions on their own host threads and streams, stock one thread (edf), each
+#: the policy that served it best on the H200 (results/2026-11-30-h200-duplex-60s*).
 DUPLEX_SESSIONS = {
-    "minicpmo45": ["--sessions", "1,8,12,16,24", "--stock-sessions", "1,2,4,6"],
-    "minicpmo45_5step": ["--sessions", "1,8,16,24,32", "--stock-sessions", "1,2,4,6"],
+    "minicpmo45": ["--sessions", "1,16,24,32", "--stock-sessions", "1,2,4", "--policy", "threads",
+                   "--stock-policy", "edf"],
+    "minicpmo45_5step": ["--sessions", "1,24,32,48", "--stock-sessions", "1,2,4", "--policy", "threads",
+                         "--stock-policy", "edf"],
     "moshi": ["--sessions", "1,16,32,48", "--stock-sessions", "1,2,4,8"],
     "default": ["--sessions", "1,2,4,8", "--stock-sessions", "1,2,4"],
 }
