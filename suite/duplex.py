@@ -489,6 +489,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import faulthandler
+    faulthandler.enable()          # a native crash (seen once at 32 threaded sessions) prints its stacks
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     check_args(args)

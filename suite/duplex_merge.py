@@ -8,7 +8,8 @@ Per workload, the modes of every part are put side by side (a mode measured in t
 `cadence_equals_stock` is recomputed from the two modes' one-session runs (every unit's sha256, in order),
 so the merged record still says whether DuplexCadence's session alone is byte-identical to stock's.
 The parts' provenance and parameters are kept under `parts`; the verdict is INVALID if any part is, or if
-the one-session runs differ (or one is missing).
+the one-session runs differ (or one is missing); PARTIAL if a part's list of runs was cut short (its
+finished runs are kept) and nothing else is wrong.
 """
 from __future__ import annotations
 
@@ -68,7 +69,9 @@ def merge(records: list[dict]) -> dict:
             if not w["cadence_equals_stock"]:
                 why = "a one-session run is missing" if a is None or b is None else "they differ"
                 reasons.append(f"{name}: cadence one-session run vs stock one-session run: {why}")
-    out["verdict"] = "INVALID" if reasons else "VALID"
+    unfinished = [i for i, r in enumerate(records) if r.get("verdict") == "PARTIAL"]
+    other = [x for x in reasons if not x.endswith(": run not finished")]
+    out["verdict"] = "INVALID" if other else ("PARTIAL" if unfinished else "VALID")
     out["invalid_reasons"] = reasons
     return out
 
