@@ -282,6 +282,7 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | di
         sessions = per_mode[mode]
         runs, refs, pool, missed = [], {}, [], None
         turns = 2 if (mode != "stock" and device.type == "cuda") else 1   # graphs capture on a 2nd occurrence
+        out.setdefault("process_warm_up", {})[mode] = warm_process(workload, mode, model, adapter, spec, ar, device)
         for v in range(min(variants, max(sessions))):
             solo_needed = not (v == 0 and sessions[0] == 1)
             if solo_needed:       # the same session run alone, on the cadence
@@ -339,6 +340,30 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: list[int] | di
         if not same:
             out["invalid_reasons"].append("cadence solo run differs from the stock solo run")
     return out
+
+
+def warm_process(workload, mode, model, adapter, spec, ar, device, units: int = 3) -> dict | None:
+    """Before a mode's first run, for sessions that cannot warm themselves up with a turn (not turn-based:
+    Moshi, Step-Audio 2): the first `units` units with work of a throwaway session, then
+    released, so the process's lazy initialisations (CUDA context, cuBLAS/cuDNN handles, kernel loading)
+    do not land on a measured session's first unit (seen: stock Moshi's first unit, 1430 ms, at 60 s in
+    results/2026-11-30-h200-duplex-60s-c). Returns {"units": n, "ms": [...]} or None when not needed."""
+    from suite.duplex_session import _turn_based
+    session = open_session(adapter, model, mode, spec)
+    if _turn_based(session):               # warmed by Driver.warm_up (a turn, or rehearse)
+        release(session)
+        return None
+    drv = Driver(session, ar, device, f"warm/{mode}")
+    done = []
+    for u in session_units(workload, float(max(units, 1)) * 4):
+        if len(done) == units:
+            break
+        if Driver.has_work(u):
+            t0 = time.perf_counter()
+            drv.run_unit(u)
+            done.append((time.perf_counter() - t0) * 1e3)
+    release(session)
+    return {"units": len(done), "ms": done}
 
 
 def _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds, warmup_turns: int = 1) -> dict:
@@ -489,8 +514,6 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import faulthandler
-    faulthandler.enable()          # a native crash (seen once at 32 threaded sessions) prints its stacks
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     check_args(args)
@@ -499,4 +522,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import faulthandler
+    faulthandler.enable()          # a native crash (seen once at 32 threaded sessions) prints its stacks
     sys.exit(main())

@@ -321,6 +321,9 @@ def test_cli_end_to_end_writes_json_and_plots(tmp_path, mimi_model, monkeypatch)
     assert w["modes"]["stock"]["stock_sharing"] == "shared_instance"
     assert {p.name for p in out.iterdir()} >= {"duplex.json", "moshi_speak.png", "moshi_miss_rate.png"}
     assert rec["provenance"]["git_rev"] and rec["parameters"]["ar"] == "busy:1ms"
+    # Moshi sessions cannot warm themselves up: a throwaway session ran first, per mode
+    assert {m: v["units"] for m, v in w["process_warm_up"].items()} == {"stock": 3, "cadence": 3}
+    assert rec["parameters"]["policy"] == {"stock": "edf", "cadence": "edf"}
 
 
 def test_cli_bad_ar_is_a_clear_error(tmp_path):
