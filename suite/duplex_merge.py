@@ -46,9 +46,14 @@ def merge(records: list[dict]) -> dict:
                       "invalid_reasons": r["invalid_reasons"]} for r in records],
            "workloads": {}}
     out["parameters"]["modes"] = []
+    for key in ("sessions", "policy"):     # per mode in suite.duplex: every part's modes, not part 0's only
+        if all(isinstance(r["parameters"].get(key), dict) for r in records):
+            out["parameters"][key] = {m: v for r in records for m, v in r["parameters"][key].items()}
     reasons = []
     for i, r in enumerate(records):
         reasons += [f"part {i}: {x}" for x in r["invalid_reasons"]]
+        if r.get("verdict") == "PARTIAL":  # a checkpoint's top level says only "run not finished"
+            reasons += [f"part {i}: {x}" for w in r["workloads"].values() for x in w["invalid_reasons"]]
         for name, w in r["workloads"].items():
             dst = out["workloads"].setdefault(name, {**{k: v for k, v in w.items() if k not in
                                                         ("modes", "reference", "invalid_reasons",

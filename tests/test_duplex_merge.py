@@ -1,0 +1,129 @@
+"""suite.duplex_merge on small synthetic duplexcadence.duplex/1 records (CPU only, no model).
+
+Each part holds one mode of one workload, as when stock and DuplexCadence run in separate processes;
+the runs carry only what the merge reads (sessions, metrics, units with index and both sha256s).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from suite.duplex_merge import SCHEMA, main, merge
+
+WL = "wl_a"
+
+
+def units(hashes: list[str], session: int = 0) -> list[dict]:
+    return [{"session": session, "index": i, "kind": "SPEAK", "miss": False,
+             "sha256_f32": f"{h}-f32", "sha256_pcm16": f"{h}-pcm16"} for i, h in enumerate(hashes)]
+
+
+def part(mode: str, hashes=("u0", "u1", "u2"), *, period_s=1.0, verdict="VALID", reasons=(), wl_reasons=()):
+    """A finished (or PARTIAL) duplex record of one mode: a one-session run and a two-session run."""
+    solo = units(list(hashes))
+    runs = [{"mode": mode, "sessions": 1, "metrics": {"misses": 0, "units_run": 3}, "units": solo},
+            {"mode": mode, "sessions": 2, "metrics": {"misses": 0, "units_run": 6},
+             "units": solo + units(list(hashes), session=1)}]
+    return {"schema": SCHEMA, "provenance": {"host": f"gpu-{mode}"},
+            "parameters": {"period_s": period_s, "ar": "none", "seconds": 60.0, "modes": [mode],
+                           "sessions": {mode: [1, 2]}, "policy": {mode: "edf" if mode == "stock" else "threads"}},
+            "workloads": {WL: {"workload": WL, "architecture": "flow_hift",
+                               "modes": {mode: {"runs": runs, "max_zero_miss_sessions": 2}},
+                               "reference": {mode: {"0": len(hashes)}}, "invalid_reasons": list(wl_reasons)}},
+            "verdict": verdict, "invalid_reasons": list(reasons)}
+
+
+def test_equal_one_session_hashes_merge_valid():
+    rec = merge([part("stock"), part("cadence")])
+    w = rec["workloads"][WL]
+    assert set(w["modes"]) == {"stock", "cadence"}
+    assert w["modes"]["cadence"]["max_zero_miss_sessions"] == 2
+    assert w["reference"] == {"stock": {"0": 3}, "cadence": {"0": 3}}
+    assert w["cadence_equals_stock"] is True
+    assert rec["verdict"] == "VALID" and rec["invalid_reasons"] == []
+    assert rec["schema"] == SCHEMA and rec["merged_from"] == 2
+    assert [p["provenance"]["host"] for p in rec["parts"]] == ["gpu-stock", "gpu-cadence"]
+    assert rec["parameters"]["modes"] == ["stock", "cadence"]
+
+
+def test_merged_parameters_keep_every_parts_sessions_and_policy():
+    p = merge([part("stock"), part("cadence")])["parameters"]
+    assert p["sessions"] == {"stock": [1, 2], "cadence": [1, 2]}
+    assert p["policy"] == {"stock": "edf", "cadence": "threads"}
+
+
+@pytest.mark.parametrize("field", ["sha256_f32", "sha256_pcm16"])
+def test_one_unit_differing_makes_it_invalid(field):
+    cad = part("cadence")
+    solo = cad["workloads"][WL]["modes"]["cadence"]["runs"][0]
+    solo["units"][1] = {**solo["units"][1], field: "other"}
+    rec = merge([part("stock"), cad])
+    assert rec["workloads"][WL]["cadence_equals_stock"] is False
+    assert rec["verdict"] == "INVALID"
+    assert any(r.startswith(f"{WL}:") and "differ" in r for r in rec["invalid_reasons"])
+
+
+def test_same_mode_in_two_parts_is_an_error():
+    with pytest.raises(ValueError, match=f"{WL!r}.*mode 'stock'"):
+        merge([part("stock"), part("stock")])
+
+
+def test_different_period_is_an_error():
+    with pytest.raises(ValueError, match=r"parameters\.period_s"):
+        merge([part("stock"), part("cadence", period_s=0.5)])
+
+
+def test_wrong_schema_is_an_error():
+    other = {**part("cadence"), "schema": "duplexcadence.duplex/0"}
+    with pytest.raises(ValueError, match=r"records\[1\].*schema"):
+        merge([part("stock"), other])
+
+
+def test_single_record_is_an_error():
+    with pytest.raises(ValueError, match="at least 2"):
+        merge([part("stock")])
+
+
+@pytest.mark.parametrize("reasons, verdict", [(["run not finished"], "PARTIAL"),
+                                              (["dirty tree: uncommitted changes"], "INVALID")])
+def test_part_verdict_carries_over(reasons, verdict):
+    rec = merge([part("stock"), part("cadence", verdict=verdict, reasons=reasons)])
+    assert rec["verdict"] == verdict
+    assert rec["invalid_reasons"] == [f"part 1: {reasons[0]}"]
+    assert rec["workloads"][WL]["cadence_equals_stock"] is True
+
+
+def test_partial_part_with_a_mismatch_is_invalid():
+    # suite.duplex's checkpoint keeps a run's mismatches in the workload only (top level: "run not finished")
+    bad = "cadence N=2 session 1: unit 1 differs from the same session run alone"
+    rec = merge([part("stock"), part("cadence", verdict="PARTIAL", reasons=["run not finished"],
+                                     wl_reasons=[bad])])
+    assert rec["verdict"] == "INVALID"
+    assert any(bad in r for r in rec["invalid_reasons"])
+
+
+def test_cli_writes_merged_record(tmp_path, capsys):
+    paths = []
+    for mode in ("stock", "cadence"):
+        f = tmp_path / f"{mode}.json"
+        f.write_text(json.dumps(part(mode)))
+        paths.append(str(f))
+    out = tmp_path / "merged"
+    assert main([*paths, "--out", str(out), "--no-plots"]) == 0
+    rec = json.loads((out / "duplex.json").read_text())
+    assert rec["verdict"] == "VALID" and "plots" not in rec
+    assert rec["workloads"][WL]["cadence_equals_stock"] is True
+    assert "verdict VALID" in capsys.readouterr().out
+
+
+def test_cli_missing_file_is_one_line_error(tmp_path, capsys):
+    f = tmp_path / "stock.json"
+    f.write_text(json.dumps(part("stock")))
+    missing = tmp_path / "nope.json"
+    out = tmp_path / "merged"
+    assert main([str(f), str(missing), "--out", str(out), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m suite.duplex_merge: error:")
+    assert "nope.json" in err
+    assert not (out / "duplex.json").exists()
