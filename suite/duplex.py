@@ -16,10 +16,19 @@ per-unit sha256 against the same session run alone (`reference`). Per mode: the 
 missed units up to the first N that missed (`max_zero_miss_sessions`; --bisect makes it exact between
 the list's points; --after-miss K runs K larger counts after the first miss, for the curve).
 
-Policies (`--policy`): "edf" runs every session's units on one thread and stream, earliest deadline
-first; "threads" gives each session a thread and a CUDA stream, so kernels of different sessions may
-overlap (never batched); sessions on one model instance hold that instance's lock around the tail,
-because the stock modules' Python-level state is shared.
+Policies (`--policy`, and `--stock-policy` for stock when it differs): "edf" runs every session's units
+on one thread and stream, earliest deadline first; "threads" gives each session a thread and a CUDA
+stream, so kernels of different sessions may overlap (never batched). Sessions on one model instance hold
+that instance's lock around the whole tail, because the stock modules' Python-level state is shared,
+unless the session says it is `concurrent` (MiniCPM-o DuplexCadence after `rehearse(freeze=True)`: its
+replays touch no shared state and its eager steps take the model's lock inside the session). On the
+H200, stock MiniCPM-o served more sessions under edf (2) than under threads (1), DuplexCadence 24 under
+threads (results/2026-11-30-h200-duplex-60s*).
+
+Warm-up before the cadence: MiniCPM-o DuplexCadence sessions rehearse every turn shape of their script
+(`Driver.warm_up` -> `CadenceSession.rehearse`: all graphs captured, then frozen); other turn-based
+sessions run one warm-up turn; sessions that cannot warm themselves (Moshi, Step-Audio 2: a unit would
+advance their stream) get a throwaway session's first units per mode instead (`warm_process`).
 
 Sessions: DuplexCadence sessions share one model instance (weights and construction-time tables) and own
 an arena and a graph set each. Stock sessions run as a stock deployment would (`STOCK_SHARING`):

@@ -21,6 +21,11 @@ driver's used memory (NVML, else cudaMemGetInfo) minus the same reading before t
 (after empty_cache), torch's allocated/reserved and the arena's mapped bytes; and the session's peak of
 torch reserved + arena mapped.
 
+--allocator expandable turns on the CUDA caching allocator's expandable segments for the whole process
+(both modes): the cadence's still-eager encoder grows its activations every unit, and with the default
+allocator each larger request leaves a new cached segment behind (reserve 6956 MiB for 2931 MiB allocated
+at the mark on the H200); the mark also records inactive split bytes, segments and allocation retries.
+
     TORCHDYNAMO_DISABLE=1 python -m suite.gpu.stepaudio2_check --out DIR                  # H200, < 4 min
     TORCHDYNAMO_DISABLE=1 python -m suite.gpu.stepaudio2_check --device cpu --depth reduced --steps 2 \\
         --units 4 --mark 3 --out DIR                                                     # CPU, tiny
