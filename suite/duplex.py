@@ -22,8 +22,8 @@ stream, so kernels of different sessions may overlap (never batched). Sessions o
 that instance's lock around the whole tail, because the stock modules' Python-level state is shared,
 unless the session says it is `concurrent` (MiniCPM-o DuplexCadence after `rehearse(freeze=True)`: its
 replays touch no shared state and its eager steps take the model's lock inside the session). On the
-H200, stock MiniCPM-o served more sessions under edf (2) than under threads (1), DuplexCadence 24 under
-threads (results/2026-11-30-h200-duplex-60s*).
+H200 (10 steps, 60 s): stock MiniCPM-o 2 sessions with zero misses under edf, 1 under threads (2-3 not
+tried there), DuplexCadence 24 under threads (results/2026-11-30-h200-duplex-60s*).
 
 Warm-up before the cadence: MiniCPM-o DuplexCadence sessions rehearse every turn shape of their script
 (`Driver.warm_up` -> `CadenceSession.rehearse`: all graphs captured, then frozen); other turn-based
