@@ -305,3 +305,20 @@ def test_device_constants_one_copy_per_content():
         h = torch.FloatTensor([[range(1, 10)]]).to(torch.device("meta"))   # layers.py L366's expression
     assert a is b and a is not c and d.dtype == torch.float64 and d is not a
     assert e.device.type == "cpu" and h.shape == (1, 1, 9) and len(cache) == 4
+
+
+def test_cadence_only_process_frees_the_stock_buffers_and_stays_bit_exact(runs):
+    """flow_hift.for_mode(model, "cadence") frees the stock 16-step DiT buffers of a Step-Audio 2 model (each
+    cadence session runs its set-up on its arena views); a cadence session on that model gives the same
+    bytes as stock on an untouched model; a stock session on it is refused."""
+    released = fh.build_model({"variant": "stepaudio2", "n_timesteps": STEPS, "voice_prompt": str(VOICE),
+                               "prompt_seconds": 2.0}, depth="reduced", seed=0)
+    buf = released.t2w.flow.decoder.att_cache_buffer
+    done = fh.for_mode(released, "cadence")
+    assert done["stock_buffers_released_bytes"] >= buf.numel() * buf.element_size()
+    assert released.t2w.flow.decoder.att_cache_buffer.stride() == (0,) * buf.ndim
+    with pytest.raises(RuntimeError, match="released"):
+        fh.new_session(released, "stock")
+    outs = run(fh.new_session(released, "cadence"))
+    for unit, (a, b) in enumerate(zip(runs["stock_out"], outs)):
+        compare_units("stepaudio2-reduced-released-buffers", unit, a, b)

@@ -532,17 +532,18 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
 def for_mode(model: Model, mode: str) -> dict:
     """Called by the suite after build_model in a process that runs sessions of one `mode` only: for
     "cadence", the stock 16-step module buffers are freed (flow_hift_cadence.release_stock_buffers), as
-    a DuplexCadence deployment would. Step-Audio 2 keeps them (its session set-up runs the stock CFM on
-    them) and turns on the CUDA allocator's expandable segments instead: its conformer encoder still runs
-    eagerly on a length that grows 50 frames every unit (`duplexcadence.runtime.use_expandable_segments`).
+    a DuplexCadence deployment would (Step-Audio 2 too: its sessions run their set-up on their arena
+    views). Step-Audio 2 also turns on the CUDA allocator's expandable segments: its conformer encoder still
+    runs eagerly on a length that grows 50 frames every unit (`duplexcadence.runtime.use_expandable_segments`).
     Returns what was done (for the record)."""
     if mode != "cadence":
         return {}
+    from duplexcadence.adapters.flow_hift_cadence import release_stock_buffers
+    done = {"stock_buffers_released_bytes": release_stock_buffers(model.t2w)}
     if model.spec.get("variant") == "stepaudio2":
         from duplexcadence.runtime import use_expandable_segments
-        return use_expandable_segments(model.t2w.device)
-    from duplexcadence.adapters.flow_hift_cadence import release_stock_buffers
-    return {"stock_buffers_released_bytes": release_stock_buffers(model.t2w)}
+        done.update(use_expandable_segments(model.t2w.device))
+    return done
 
 
 def new_session(model: Model, mode: str, spec: dict | None = None):

@@ -325,6 +325,9 @@ class StockSession:
     """
 
     def __init__(self, t2w: StockToken2wav, prompt: fh.Prompt, *, rng_seed: int = 0):
+        if getattr(t2w, "stock_buffers_released", False):
+            raise RuntimeError("StockSession: this model's stock DiT cache buffers were released for a "
+                               "cadence-only process (flow_hift.for_mode); build another model for stock sessions")
         self.t2w, self.prompt = t2w, prompt
         torch.manual_seed(rng_seed)
         fh.install_prompt(t2w, prompt)

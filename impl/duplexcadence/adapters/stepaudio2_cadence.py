@@ -2,7 +2,8 @@
 stable address; the same stock kernels as `stepaudio2.StockSession`, bit for bit.
 
 Built on `flow_hift_cadence.CadenceSession` (subclass): its arena views, the stock CFM/DiT module buffers
-pointed at the arena for the length of a step (`_bound`), the device-resident timestep table and the
+pointed at the arena for the length of a step and of the session's set-up (`_bound`; so a cadence-only
+process frees the stock 16-step buffers, `flow_hift.for_mode`), the device-resident timestep table and the
 in-place estimator trim (`_keep_estimator`, which is exactly t2w L137-141's `cat(att[..., :P],
 att[..., -100:])` once L > P + 100: Step-Audio 2 trims its DiT cache as MiniCPM-o 1.0.7 does). What is
 Step-Audio 2's own (t2w = stepfun-ai/Step-Audio2 @ b1bb23c token2wav.py, see `stepaudio2`):
@@ -184,10 +185,6 @@ class CadenceSession(_FlowCadence):
         self.n_token_layers, n_layers, depth, heads, dk2, dtype = flow_layout(flow)
         self.dtype = dtype
 
-        # The stock set-up, once per session (t2w L102-115; ex L46): its caches are copied into the arena.
-        t2w.set_stream_cache(prompt.key)
-        base = t2w.stream_cache
-
         self.arena = Arena(self.device, backend=arena_backend, name="stepaudio2")
         a = self.arena
         a.declare("estimator_att", (self.n_steps, depth, 2, heads, self.Lmax, dk2), dtype)
@@ -225,10 +222,22 @@ class CadenceSession(_FlowCadence):
             self._hift_phase = a["hift_out_phase"].view((a["hift_out_phase"].capacity,))
             self._hift_src_out = a["hift_out_source"].view((1, 1, sa.SOURCE_CACHE_LEN))
             self._constants: dict = {}
+        self._timestep = _DeviceTimestepTable()
+        self._timestep(torch.zeros(2, device=self.device, dtype=dtype), dit.t_embedder.frequency_embedding_size)
+        # The stock set-up, once per session (t2w L102-115; ex L46), run with the stock CFM/DiT buffers bound
+        # to this session's arena views (`_bound`), as MiniCPM-o's voice_base: the set-up's DiT KV lands in
+        # the arena directly, and a cadence-only process can free the stock 16-step buffers
+        # (flow_hift.for_mode). The fresh conformer caches are copied into the arena.
+        with self._bound():
+            t2w.set_stream_cache(prompt.key)
+        base = t2w.stream_cache
         with torch.inference_mode():
             self.conformer_view(self.P).copy_(base["conformer_att_cache"])
-            self.estimator_view(self.P).copy_(base["estimator_att_cache"][: self.n_steps])
-            self._est_cnn.copy_(base["estimator_cnn_cache"][: self.n_steps])
+            for name, dst in (("estimator_att_cache", self.estimator_view(self.P)),
+                              ("estimator_cnn_cache", self._est_cnn)):
+                src = base[name][: self.n_steps]
+                if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
+                    dst.copy_(src)             # the set-up wrote elsewhere: copy (else it is already here)
             self._conf_cnn.copy_(base["conformer_cnn_cache"])
         if base["conformer_att_cache"].shape[3] != self.P or base["estimator_att_cache"].shape[4] != self.P:
             raise RuntimeError(f"set-up caches: expected {self.P} frames, got "
@@ -240,8 +249,6 @@ class CadenceSession(_FlowCadence):
         self.hift_len = {"mel": 0, "source": 0, "speech": 0}   # host lengths of the HiFT regions
         enabled = self.graph_mode == "dit" or (self.graph_mode == "dit+hift" and self.device.type == "cuda")
         self.graphs = GraphCache(self.device, enabled=enabled, strict=strict, arena=a, warmup=1)
-        self._timestep = _DeviceTimestepTable()
-        self._timestep(torch.zeros(2, device=self.device, dtype=dtype), dit.t_embedder.frequency_embedding_size)
         self._static: dict = {}
         self._tokens: dict[int, torch.Tensor] = {}
         self.buffer: list[int] | None = None
