@@ -467,6 +467,31 @@ def test_rehearsal_turns_cut_steady_runs_and_drop_repeats():
             rehearsal_turns(bad)
 
 
+def test_rehearsal_turns_rejects_non_iterables_and_accepts_numpy_counts():
+    """Pure: turns that are not an iterable of sequences, and a bad steady_units, are ValueErrors naming the
+    argument (not a bare TypeError); numpy int counts (as speak() takes numpy token ids) are ints."""
+    from duplexcadence.adapters.flow_hift_cadence import rehearsal_turns
+    for bad, what in ((None, r"turns: expected"), (5, r"turns: expected"), ("25", r"turns: expected"),
+                      ([5], r"turns\[0\]: expected a sequence"), ([[3], "25"], r"turns\[1\]: expected a sequence")):
+        with pytest.raises(ValueError, match=what):
+            rehearsal_turns(bad)
+    for steady in (0, -1, True, 2.5, "4"):
+        with pytest.raises(ValueError, match="steady_units"):
+            rehearsal_turns([[25] * 8 + [3]], steady_units=steady)
+    shapes = rehearsal_turns([np.array([25, 25, 3]), [np.int64(4)]])
+    assert shapes == [(25, 25, 3), (4,)] and all(type(c) is int for t in shapes for c in t)
+
+
+def test_rehearse_rejects_a_non_bool_freeze_before_anything_runs(model):
+    """freeze="no" would have closed the graph set (a truthy string), as final="no" once flushed a turn."""
+    cad = CadenceSession(model.t2w, model.prompt, prepare_turns=0)
+    before = cad.graphs.stats.snapshot()
+    for freeze in ("no", None, 1):
+        with pytest.raises(ValueError, match="freeze: expected a bool"):
+            cad.rehearse([[3]], freeze=freeze)
+    assert not cad.graphs.closed and cad.graphs.stats.snapshot() == before and cad.buffer is None
+
+
 def test_rehearse_covers_every_signature_of_a_long_turn(model):
     """rehearse() on the cut shape of a long turn (20 tokens, then 25 x 6, then a 1-token flush) meets every
     signature the real turn meets (flow and vocoder blocks): the steady state is reached within

@@ -147,17 +147,26 @@ def rehearsal_turns(turns, steady_units: int | None = None) -> list[tuple[int, .
     cap (P + 100 mel frames, reached after ceil(100 / 50) + 1 full units) and the vocoder's block plan
     repeats: `STEADY_UNITS` equal units. So every run of equal counts longer than that (the final unit
     excluded) is cut to that length, then duplicates are dropped (order kept).
-    Returns a list of tuples of ints. Raises ValueError for an empty turn or a count outside
-    [0, CHUNK_TOKENS + 1]."""
+    Returns a list of tuples of ints. Raises ValueError for turns that are not an iterable of sequences,
+    an empty turn, a count outside [0, CHUNK_TOKENS + 1] (numpy ints count as ints) or a bad steady_units."""
     steady = STEADY_UNITS if steady_units is None else steady_units
+    if isinstance(steady, (bool, np.bool_)) or not isinstance(steady, (int, np.integer)) or steady < 1:
+        raise ValueError(f"steady_units: expected an int >= 1, got {steady!r}")
+    if isinstance(turns, (str, bytes)) or not hasattr(turns, "__iter__"):
+        raise ValueError(f"turns: expected an iterable of turns (sequences of token counts), "
+                         f"got {type(turns).__name__}")
     out, seen = [], set()
     for i, turn in enumerate(turns):
+        if isinstance(turn, (str, bytes, dict)) or not hasattr(turn, "__iter__"):
+            raise ValueError(f"turns[{i}]: expected a sequence of token counts, got {turn!r}")
         counts = tuple(turn)
         if not counts:
             raise ValueError(f"turns[{i}]: expected at least one unit (the final one), got none")
         for c in counts:
-            if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= fh.CHUNK_TOKENS + 1:
+            if (isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer))
+                    or not 0 <= c <= fh.CHUNK_TOKENS + 1):
                 raise ValueError(f"turns[{i}]: expected token counts in [0, {fh.CHUNK_TOKENS + 1}], got {c!r}")
+        counts = tuple(int(c) for c in counts)
         body, cut = counts[:-1], []
         for c in body:
             run = 0
@@ -305,11 +314,13 @@ class CadenceSession:
         signature runs eagerly and is counted as an eager fallback, or raises with strict=True), so no
         capture happens while sessions run on several host threads. Nothing of it reaches a real turn
         (start_turn restores the voice state). Returns the graph counters' change and the shapes run.
-        Raises ValueError for bad turns (before anything runs) and InputError while a turn is open or
-        after close()."""
+        Raises ValueError for bad turns, passes or freeze (before anything runs) and InputError while a turn
+        is open or after close()."""
         shapes = rehearsal_turns(turns)
         if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
             raise ValueError(f"passes: expected an int >= 1, got {passes!r}")
+        if not isinstance(freeze, (bool, np.bool_)):   # "no" would close the graph set
+            raise ValueError(f"freeze: expected a bool, got {freeze!r} ({type(freeze).__name__})")
         self._check_open("rehearse")
         if self.buffer is not None:
             raise InputError("rehearse: a turn is open (rehearse would discard it); call it before start_turn "
