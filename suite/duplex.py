@@ -447,8 +447,19 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
     return record
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its own errors (a bad choice, a non-number, a missing argument) as one line on stderr
+    and exit status 2, as check_args' errors (no usage block)."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        exc = SystemExit(message)      # str() is the message, as _usage_error's
+        exc.code = 2
+        raise exc
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m suite.duplex", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m suite.duplex", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", default="minicpmo45", help="workload name(s), comma-separated, or 'all'")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--ar", default="none", help="none | busy:<ms>ms | standin | standin:<name>")
@@ -492,6 +503,10 @@ def check_args(args: argparse.Namespace) -> None:
     for m in args.modes:
         if m not in MODES:
             raise _usage_error(f"--modes: expected a subset of {MODES}, got {m!r}")
+    if len(set(args.modes)) != len(args.modes):
+        raise _usage_error(f"--modes: expected each mode once, got {','.join(args.modes)!r}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise _usage_error(f"--out: expected a folder (new or existing), got the file {args.out!r}")
     if args.variants < 1:
         raise _usage_error(f"--variants: expected an int >= 1, got {args.variants}")
     if not math.isfinite(args.seconds) or args.seconds <= 0:
@@ -512,6 +527,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise _usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}") from None
     if device.type not in ("cpu", "cuda"):
         raise _usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise _usage_error(f"--device: {args.device!r} given, but there is no CUDA device here "
+                           "(torch.cuda.is_available() is False)")
     try:
         parse_sessions(args.sessions)
         if args.stock_sessions:

@@ -331,6 +331,26 @@ def test_cli_bad_ar_is_a_clear_error(tmp_path):
         duplex.main(["--ar", "busy:soon", "--out", str(tmp_path)])
 
 
+def test_cli_out_that_is_a_file_exits_2_before_any_work(tmp_path, capsys):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    with pytest.raises(SystemExit, match="--out") as exc:
+        duplex.main(["--out", str(f)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out" in err[0] and f.read_text() == "x"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cli_cuda_without_cuda_exits_2_naming_the_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        duplex.main(["--device", "cuda", "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m suite.duplex: error: --device")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: per-session streams and busy kernels")
 def test_busy_ar_on_cuda_occupies_the_stream():
     ar = ar_stage.BusyAR(20, "cuda")
@@ -368,6 +388,10 @@ def test_cuda_sessions_on_streams_give_the_bytes_of_each_session_alone(tmp_path,
     (["--after-miss", "-1"], "--after-miss"),
     (["--stock-sessions", "x"], "--stock-sessions"),
     (["--modes", "bogus"], "--modes"),
+    (["--modes", "stock,stock"], "--modes"),
+    (["--stock-policy", "bogus"], "--stock-policy"),
+    (["--policy", "bogus"], "--policy"),
+    (["--seconds", "abc"], "--seconds"),
 ])
 def test_cli_bad_flag_exits_2_naming_the_flag_before_any_work(tmp_path, capsys, flags, match):
     with pytest.raises(SystemExit, match=match) as exc:
