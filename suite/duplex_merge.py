@@ -18,7 +18,10 @@ import json
 import sys
 from pathlib import Path
 
-from suite.duplex import SCHEMA
+from suite.duplex import SCHEMA, OneLineParser
+
+
+RECORD_KEYS = ("parameters", "provenance", "verdict", "invalid_reasons", "workloads")   # what merge() reads
 
 
 def _solo_hashes(mode_record: dict) -> list | None:
@@ -82,17 +85,38 @@ def merge(records: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m suite.duplex_merge", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m suite.duplex_merge", description=__doc__.split("\n\n")[0])
     p.add_argument("records", nargs="+", help="duplex.json files")
     p.add_argument("--out", required=True, help="folder for the merged duplex.json and plots")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    try:
-        records = [json.loads(Path(f).read_text()) for f in args.records]
-        record = merge(records)
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"python -m suite.duplex_merge: error: {exc}", file=sys.stderr)
+
+    def fail(message: str) -> int:
+        print(f"python -m suite.duplex_merge: error: {message}", file=sys.stderr)
         return 2
+
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        return fail(f"--out: expected a folder (new or existing), got the file {args.out!r}")
+    records = []
+    for f in args.records:
+        try:
+            rec = json.loads(Path(f).read_text())
+        except OSError as exc:
+            return fail(str(exc))
+        except ValueError as exc:          # JSONDecodeError, UnicodeDecodeError
+            return fail(f"{f}: not JSON ({exc})")
+        if not isinstance(rec, dict):
+            return fail(f"{f}: expected a JSON object (a suite.duplex record), got {type(rec).__name__}")
+        missing = [k for k in RECORD_KEYS if k not in rec]
+        if rec.get("schema") == SCHEMA and missing:
+            return fail(f"{f}: missing key {missing[0]!r}: not a complete suite.duplex record")
+        records.append(rec)
+    try:
+        record = merge(records)
+    except ValueError as exc:
+        return fail(str(exc))
+    except KeyError as exc:
+        return fail(f"a record lacks key {exc}: not a complete suite.duplex record")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.no_plots:

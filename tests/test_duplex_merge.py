@@ -127,3 +127,42 @@ def test_cli_missing_file_is_one_line_error(tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("python -m suite.duplex_merge: error:")
     assert "nope.json" in err
     assert not (out / "duplex.json").exists()
+
+
+@pytest.mark.parametrize("content,match", [
+    ("not json{", "bad.json: not JSON"),
+    ("[1, 2]", "bad.json: expected a JSON object"),
+    ('"str"', "bad.json: expected a JSON object"),
+    ('{"schema": "duplexcadence.duplex/1"}', "bad.json: missing key 'parameters'"),
+])
+def test_cli_bad_record_is_one_line_error_naming_the_file(tmp_path, capsys, content, match):
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(part("stock")))
+    bad.write_text(content)
+    out = tmp_path / "merged"
+    assert main([str(bad), str(good), "--out", str(out), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m suite.duplex_merge: error:") and match in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["--out", "x"], ["a.json", "b.json"]])
+def test_cli_usage_errors_are_one_line(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m suite.duplex_merge: error:")
+
+
+def test_cli_out_that_is_a_file_is_one_line_error(tmp_path, capsys):
+    paths = []
+    for mode in ("stock", "cadence"):
+        f = tmp_path / f"{mode}.json"
+        f.write_text(json.dumps(part(mode)))
+        paths.append(str(f))
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    assert main([*paths, "--out", str(f), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and f.read_text() == "x"
