@@ -103,12 +103,18 @@ def test_partial_part_with_a_mismatch_is_invalid():
     assert any(bad in r for r in rec["invalid_reasons"])
 
 
-def test_cli_writes_merged_record(tmp_path, capsys):
+def write_parts(tmp_path) -> list[str]:
+    """A stock part and a cadence part as files; their paths."""
     paths = []
     for mode in ("stock", "cadence"):
         f = tmp_path / f"{mode}.json"
         f.write_text(json.dumps(part(mode)))
         paths.append(str(f))
+    return paths
+
+
+def test_cli_writes_merged_record(tmp_path, capsys):
+    paths = write_parts(tmp_path)
     out = tmp_path / "merged"
     assert main([*paths, "--out", str(out), "--no-plots"]) == 0
     rec = json.loads((out / "duplex.json").read_text())
@@ -156,11 +162,7 @@ def test_cli_usage_errors_are_one_line(capsys, argv):
 
 
 def test_cli_out_that_is_a_file_is_one_line_error(tmp_path, capsys):
-    paths = []
-    for mode in ("stock", "cadence"):
-        f = tmp_path / f"{mode}.json"
-        f.write_text(json.dumps(part(mode)))
-        paths.append(str(f))
+    paths = write_parts(tmp_path)
     f = tmp_path / "a-file"
     f.write_text("x")
     assert main([*paths, "--out", str(f), "--no-plots"]) == 2

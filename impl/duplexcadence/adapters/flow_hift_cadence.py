@@ -296,10 +296,7 @@ class CadenceSession:
         if (isinstance(turns, bool) or not isinstance(turns, int) or turns < 0 or isinstance(units, bool)
                 or not isinstance(units, int) or units < 1):
             raise ValueError(f"prepare: expected turns >= 0 and units >= 1, got turns={turns!r}, units={units!r}")
-        self._check_open("prepare")
-        if self.buffer is not None:
-            raise InputError("prepare: a turn is open (prepare would discard it); call it before start_turn "
-                             "or after the turn's final unit")
+        self._check_idle("prepare")
         gen = torch.Generator().manual_seed(PREPARE_SEED)
         return self._synthetic([(fh.CHUNK_TOKENS,) * units] * turns, flush=False, gen=gen)
 
@@ -321,10 +318,7 @@ class CadenceSession:
             raise ValueError(f"passes: expected an int >= 1, got {passes!r}")
         if not isinstance(freeze, (bool, np.bool_)):   # "no" would close the graph set
             raise ValueError(f"freeze: expected a bool, got {freeze!r} ({type(freeze).__name__})")
-        self._check_open("rehearse")
-        if self.buffer is not None:
-            raise InputError("rehearse: a turn is open (rehearse would discard it); call it before start_turn "
-                             "or after the turn's final unit")
+        self._check_idle("rehearse")
         gen = torch.Generator().manual_seed(PREPARE_SEED)
         total = None
         for _ in range(passes):
@@ -373,6 +367,13 @@ class CadenceSession:
     def _check_open(self, what: str) -> None:
         if self.closed:
             raise InputError(f"{what}: the session is closed")
+
+    def _check_idle(self, what: str) -> None:
+        """InputError after close() or while a turn is open (synthetic turns would discard it)."""
+        self._check_open(what)
+        if self.buffer is not None:
+            raise InputError(f"{what}: a turn is open ({what} would discard it); call it before start_turn "
+                             "or after the turn's final unit")
 
     def start_turn(self) -> None:
         """Restore the voice's base caches into the arena (in place) and the [4218]*3 token buffer.
