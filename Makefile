@@ -22,12 +22,16 @@ export TORCHDYNAMO_DISABLE ?= 1
 .PHONY: setup reproduce report test bench asv clean
 setup: $(VENV)/.stamp
 
-# torch: reuse a CUDA-enabled torch already on the machine (GPU hosts), else the pinned CPU wheel.
+# torch: reuse a CUDA-enabled torch already on the machine (GPU hosts), else the pinned CPU wheel. Where that
+# torch lives in a virtual environment itself (the lent H200: /opt/torch/.venv), --system-site-packages sees only
+# the base interpreter's packages, so _host_site.pth adds the host environment's site-packages after our own.
 # The stock packages are installed without their conflicting pins (stock-packages.txt says why).
 $(VENV)/.stamp: pyproject.toml stock-packages.txt
 	@if $(PYTHON) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  echo "setup: using the machine's CUDA torch ($$($(PYTHON) -c 'import torch;print(torch.__version__)'))"; \
 	  $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  $(PYTHON) -c 'import site; print("\n".join(site.getsitepackages()))' \
+	    > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_host_site.pth"; \
 	else \
 	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q $(PIP_OFFLINE) torch==2.13.0; \
 	fi
