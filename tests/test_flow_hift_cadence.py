@@ -567,3 +567,23 @@ def test_graph_cache_shares_warm_up_and_locks_only_eager_runs_and_captures():
     alone.run("s", lambda: 5)
     assert alone.stats.warmup_runs == 1 and alone.stats.captures == 0
     assert lock.entered == entered + 1
+
+
+def test_a_model_with_cadence_sessions_deep_copies_without_their_shared_state(model):
+    """A stock deployment copies the model per session (suite.duplex, instance_per_session). The cadence
+    sessions' per-model state (lock, warmed signatures, voice base) lives beside the model, so a copy made
+    after cadence sessions opened works (it raised 'cannot pickle _thread.RLock' on the H200) and starts
+    with none of it: its own lock, nothing warmed, no voice base."""
+    import copy
+
+    from duplexcadence.adapters.flow_hift_cadence import model_lock, warmed_signatures
+    from duplexcadence.runtime import model_state
+
+    CadenceSession(model.t2w, model.prompt, prepare_turns=0)
+    warmed_signatures(model.t2w, "k").add("sig")
+    assert model_state(model.t2w)["voice_base"] and model_lock(model.t2w) is model_lock(model.t2w)
+    twin = copy.deepcopy(model.t2w)
+    assert model_lock(twin) is not model_lock(model.t2w)
+    assert warmed_signatures(twin, "k") == set() and "sig" in warmed_signatures(model.t2w, "k")
+    assert "voice_base" not in model_state(twin)
+    assert not any(k.startswith("_duplexcadence") for k in vars(twin))

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import threading
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +31,23 @@ ADAPTERS = {
     "mimi": "duplexcadence.adapters.mimi",             # Moshi
     "code2wav": "duplexcadence.adapters.code2wav",     # Qwen3-Omni
 }
+
+
+_MODEL_STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_MODEL_STATE_LOCK = threading.Lock()
+
+
+def model_state(model) -> dict:
+    """The runtime's per-model-instance state shared by that instance's sessions (a lock for eager steps and
+    captures, signatures already warmed in this process, voice bases, device tables), as one dict kept
+    beside the model, not on it: `copy.deepcopy(model)` (stock's one instance per session) copies the
+    weights only and the copy starts with an empty dict; the entry goes when the model is collected.
+    Thread-safe. Raises TypeError for an object that cannot be weakly referenced."""
+    with _MODEL_STATE_LOCK:
+        state = _MODEL_STATE.get(model)
+        if state is None:
+            state = _MODEL_STATE[model] = {}
+        return state
 
 
 class InputError(ValueError):

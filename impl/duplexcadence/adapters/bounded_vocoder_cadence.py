@@ -149,7 +149,8 @@ class ArenaVocoder:
         else:
             self._base = arena["vocoder_noise_base"].view((self.calls_max,))
             self._base_host = torch.zeros(self.calls_max, dtype=torch.int64, pin_memory=pin)
-            cache = self.t2w.__dict__.setdefault("_duplexcadence_noise_tables", {})
+            from duplexcadence.runtime import model_state
+            cache = model_state(self.t2w).setdefault("noise_tables", {})
             if self.device not in cache:      # once per model and device, shared by its sessions
                 cache[self.device] = self.table.to(self.device)
             self._table_dev = cache[self.device]

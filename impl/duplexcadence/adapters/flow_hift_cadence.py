@@ -51,7 +51,7 @@ from duplexcadence.adapters.bounded_vocoder_cadence import ArenaVocoder
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import ClockError
 from duplexcadence.graphs import GraphCache
-from duplexcadence.runtime import InputError, UnitOutput
+from duplexcadence.runtime import InputError, UnitOutput, model_state
 
 
 class _DeviceTimestepTable:
@@ -93,8 +93,9 @@ def voice_base(t2w, prompt: fh.Prompt, n_steps: int) -> tuple[dict, dict]:
     caches (estimator caches cut to the `n_steps` Euler steps in use) and the vocoder's reset cache dict.
     Computed once per (model, voice, steps) and kept on the model; sessions copy from it at start_turn
     and never write to it. Returns (flow caches by stock name, vocoder cache dict). The CFM/DiT write the
-    set-up's KV into whatever their cache buffers are at the time (a session binds its arena views)."""
-    bases = t2w.__dict__.setdefault("_duplexcadence_voice_base", {})
+    set-up's KV into whatever their cache buffers are at the time (a session binds its arena views).
+    Kept in `runtime.model_state(t2w)`, not on the model (a deep copy of the model starts without it)."""
+    bases = model_state(t2w).setdefault("voice_base", {})
     key = (prompt.key, n_steps)
     if key not in bases:
         flow_cache, hift_cache = t2w.set_stream_cache(prompt.key)
@@ -128,14 +129,15 @@ def release_stock_buffers(t2w) -> int:
 
 def model_lock(t2w) -> threading.RLock:
     """The lock shared by every cadence session of this model instance: held for eager runs and captures
-    (which bind the shared module buffers to one session's arena), never for a replay."""
-    return t2w.__dict__.setdefault("_duplexcadence_lock", threading.RLock())
+    (which bind the shared module buffers to one session's arena), never for a replay. Kept in
+    `runtime.model_state(t2w)`: a deep copy of the model (stock's instance per session) gets its own."""
+    return model_state(t2w).setdefault("lock", threading.RLock())
 
 
 def warmed_signatures(t2w, key) -> set:
     """Signatures whose eager warm-up already ran in this process, per model instance and `key`
     (Euler steps, vocoder kind, noise): shared by the sessions' graph caches (GraphCache `warmed`)."""
-    return t2w.__dict__.setdefault("_duplexcadence_warmed", {}).setdefault(key, set())
+    return model_state(t2w).setdefault("warmed", {}).setdefault(key, set())
 
 
 def rehearsal_turns(turns, steady_units: int | None = None) -> list[tuple[int, ...]]:
