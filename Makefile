@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 # Offline wheels (e.g. carried to a GPU machine without network): WHEELS=.whl make ...
 WHEELS ?=
 PIP_OFFLINE := $(if $(WHEELS),--no-index --find-links $(WHEELS),)
-# Options for reproduce: make reproduce ARGS="--device cuda --stages 'minicpmo45.*' --run-dir DIR --resume --budget-s 420"
+# Options for reproduce: make reproduce ARGS="--device cuda --stages 'minicpmo45.*' --run-dir DIR --resume --budget-s 570"
 # (exit status 3: budget spent with stages pending; run the same command again)
 ARGS ?=
 # stepaudio2 wraps its encoder chunk in torch.compile(backend="eager"): tracing and recompiling for every

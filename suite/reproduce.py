@@ -7,9 +7,12 @@
 
 Stages (suite.stages): `<workload>.verify` (speedup and bitwise equality, stock then cadence on one
 model), `<workload>.memory_stock` / `.memory_cadence` (one process per mode: driver-level peak and
-per-session increment), `<workload>.duplex` (issue 7's harness; skipped with the reason until it exists).
-Every stage runs in a process of its own with a time budget; state is kept in `<run dir>/stages.json` and
-the merged report in `<run dir>/REPORT.md` (suite.claims), rewritten after every sitting.
+per-session increment), `<workload>.duplex_stock` / `.duplex_cadence` (suite.duplex, one mode each: SPEAK
+time against the 1 s cadence and sessions per GPU; each fills one sitting, 560 s on CUDA). Every stage
+runs in a process of its own with a time budget; state is kept in `<run dir>/stages.json` and the merged
+report in `<run dir>/REPORT.md` (suite.claims: the two duplex modes joined into one table), rewritten
+after every stage. `--list` also names legacy entries of stages.json (a harness an older version ran,
+such as the single `duplex` stage): they are left as recorded.
 
 Defaults: on CUDA every workload (`--workload all`) through every harness; on CPU the default workload
 (minicpmo45), verify only, released config, the first `CPU_DEFAULT_SPEAK_UNITS` SPEAK units over 2 turns
@@ -69,7 +72,7 @@ def parse_args(argv: list[str] | None):
                          "CUDA, minicpmo45 on CPU)")
     ap.add_argument("--stages", default=None,
                     help="comma-separated stage globs or names: 'minicpmo45.*', '*.memory_*', 'verify', "
-                         "'memory', 'duplex' (default: every harness on CUDA, verify on CPU)")
+                         "'memory', 'duplex', 'duplex_cadence' (default: every harness on CUDA, verify on CPU)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     ap.add_argument("--steps", type=_positive(int), default=None, help="Euler steps (default: the workload's)")
     ap.add_argument("--seconds", type=_positive(float), default=None, help="only units starting before S seconds")
@@ -182,6 +185,9 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
             st = state.stages.get(s.name)
             print(f"{s.name:32s} {(st.status if st else 'new'):8s} budget {s.budget_s:5.0f} s  "
                   f"{s.skip or (st.reason if st else '')}")
+        for name, st in state.legacy().items():
+            print(f"{name:32s} {st.status:8s} legacy: harness {st.harness!r} is not run by this version "
+                  f"(kept as recorded)")
         return 0
 
     if notes:

@@ -9,10 +9,12 @@ harness's own module), with a time budget. Stage names are `<workload>.<harness>
   built, one session): driver-level peak over the idle baseline, so VMM mappings, weights and graph pools
   all count; per-session increment = peak with one session - the model-loaded sample (suite.memory).
   Writes `run.json`, `REPORT.md`.
-* `duplex`: `python -m suite.duplex --workload W --device D --out DIR` (issue 7: SPEAK time against the
-  1 s cadence, sessions per GPU), once that module exists. `suite.claims` reads the first JSON under DIR
-  with `modes.<stock|cadence>.{speak_vs_period_pct_mean, speak_vs_period_pct_p99, miss_rate,
-  max_sessions_zero_miss}` (percent of the 1 s period, fraction of units, sessions).
+* `duplex_stock`, `duplex_cadence`: `python -m suite.duplex --modes <mode> --workload W --device D --out DIR`
+  (issue 7: SPEAK time against the 1 s cadence, sessions per GPU), ONE mode per stage so that each fits a
+  sitting (a lent GPU runs one command for at most 600 s); the counts and policy per mode and workload are
+  `DUPLEX_SESSIONS`. Writes `duplex.json` (schema duplexcadence.duplex/1) and plots. `suite.claims` joins
+  the two modes' records with `suite.duplex_merge.merge` (stock == cadence recomputed from the one-session
+  runs); while only one is done the report shows that mode and the other's status.
 
 All write into `<run dir>/<stage name>/`, plus `log.txt` (the process's output).
 
@@ -25,6 +27,12 @@ and provenance (command, git rev, impl/ tree); per sitting the command, budget a
 saved, remaining stages `pending`) when what is left of `--budget-s` is less than the next stage is
 expected to need (its budget, or 1.5x the slowest done stage of its family once one has run). The first
 stage of a sitting always starts; every stage's timeout is its budget cut to what is left.
+
+**Legacy entries**: a stages.json written by an older version may hold a stage whose harness is not in
+`HARNESSES` any more (the single `<workload>.duplex` stage, both modes in one process, before it was split
+per mode). It is left as recorded: never run, never removed, out of the counts and the estimates;
+`python -m suite.reproduce --list` names it, and `suite.claims` still reads a done one's duplex.json when
+the per-mode stages have not run.
 """
 from __future__ import annotations
 
@@ -42,32 +50,51 @@ from pathlib import Path
 from typing import Callable
 
 SCHEMA = "duplexcadence.stages/1"
-HARNESSES = ("verify", "memory_stock", "memory_cadence", "duplex")
+HARNESSES = ("verify", "memory_stock", "memory_cadence", "duplex_stock", "duplex_cadence")
 STATUSES = ("done", "failed", "skipped", "pending", "running")   # running: only while its process runs
-#: Per-stage time budget in seconds (the stage's process is killed past it), by device type. These are
-#: upper bounds chosen so that two or three stages fit one sitting of a 10-minute command, not measured
-#: durations: no stage has been timed under this harness on an H200 yet. stages.json records every stage's
-#: seconds; tighten with --stage-budget-s once a sitting has run. CPU: 2 cores, released config, 4 SPEAK
-#: units (the CPU default verify took about 4 minutes on 2 idle cores; the budget allows a shared machine).
+#: Per-stage time budget in seconds (the stage's process is killed past it), by device type. verify and
+#: memory: upper bounds chosen so that two or three stages fit one sitting of a 10-minute command (done
+#: H200 stages took 24-58 s: results/2026-11-30-h200-reproduce*/stages.json). duplex: one stage fills a
+#: sitting of its own (560 s of a 600 s command; pass --budget-s >= 560 or its timeout is cut), see
+#: DUPLEX_SESSIONS. stages.json records every stage's seconds; tighten with --stage-budget-s. CPU: 2 cores,
+#: released config, 4 SPEAK units (the CPU default verify took about 4 minutes on 2 idle cores; the budget
+#: allows a shared machine).
 BUDGET_S = {
-    "cuda": {"verify": 300, "memory_stock": 180, "memory_cadence": 180, "duplex": 420},
-    "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex": 1800},
+    "cuda": {"verify": 300, "memory_stock": 180, "memory_cadence": 180, "duplex_stock": 560,
+             "duplex_cadence": 560},
+    "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex_stock": 1800,
+            "duplex_cadence": 1800},
 }
 ESTIMATE_MARGIN = 1.5                   # a stage is expected to take up to 1.5x its family's slowest done stage
-#: The duplex stage: tail only (AR none), 60 s per session count (issue 7), counts around the expected
-#: limits (stock MiniCPM-o ~4 per GPU at ~250 ms per unit; the issue's target is 24 cadence sessions).
+#: The duplex stages: tail only (AR none), 60 s per session count (issue 7), stop after a count's first miss.
 DUPLEX_SECONDS = 60
-#: MiniCPM-o: DuplexCadence sessions on their own host threads and streams, stock one thread (edf), each
-#: the policy that served it best on the H200 (results/2026-11-30-h200-duplex-60s*).
+#: suite.duplex arguments per mode and workload ("default": any other workload). Each list is sized to fit
+#: the 560 s budget, from the H200 timings of results/2026-11-30-h200-duplex-60s*/ (gpu*.log, duplex.json):
+#: a process builds the model (~20 s), then per count N runs 60 s; MiniCPM-o DuplexCadence sessions are
+#: pooled across the counts of one process and each needs ~9 s of warm-up (graph rehearsal) when first
+#: built, so counts 1,24,32 build 32 sessions: ~290 s + 3 x 60 s + 20 s ~ 490 s (1,16,24,32 would be
+#: ~550 s, too close: 60s-b's ran out of its limit at 32); stock MiniCPM-o sessions build in ~1-2 s each
+#: (a model copy each: 1,2,3,4 is 10 sessions + 4 x 60 s); Moshi DuplexCadence sessions are built per run
+#: at ~1 s each (1,16,32,48: 97 s + 4 x 60 s). Policies: the one that served each mode best on the H200
+#: (MiniCPM-o DuplexCadence on threads, stock on one thread, edf; suite.duplex's default edf elsewhere).
+#: The resulting `max_zero_miss_sessions` is a LOWER BOUND (the largest count tried with zero misses), not
+#: the exact limit: the counts skip values (MiniCPM-o cadence jumps 1 -> 24 -> 32) and suite.duplex's
+#: --bisect, which finds the exact limit, is not used here (its extra 60 s runs would not fit the 560 s).
 DUPLEX_SESSIONS = {
-    "minicpmo45": ["--sessions", "1,16,24,32", "--stock-sessions", "1,2,4", "--policy", "threads",
-                   "--stock-policy", "edf"],
-    "minicpmo45_5step": ["--sessions", "1,24,32,48", "--stock-sessions", "1,2,4", "--policy", "threads",
-                         "--stock-policy", "edf"],
-    "moshi": ["--sessions", "1,16,32,48", "--stock-sessions", "1,2,4,8"],
-    "default": ["--sessions", "1,2,4,8", "--stock-sessions", "1,2,4"],
+    "stock": {
+        "minicpmo45": ["--sessions", "1,2,3,4", "--policy", "edf"],       # H200: 2 with zero misses, 4 missed
+        "minicpmo45_5step": ["--sessions", "1,2,4,6", "--policy", "edf"],  # >= 4 (largest tried)
+        "moshi": ["--sessions", "1,2,4,8"],
+        "default": ["--sessions", "1,2,4"],
+    },
+    "cadence": {
+        "minicpmo45": ["--sessions", "1,24,32", "--policy", "threads"],   # >= 24; 32 segfaulted once (60s-c)
+        "minicpmo45_5step": ["--sessions", "1,24,32", "--policy", "threads"],
+        "moshi": ["--sessions", "1,16,32,48"],                              # >= 32 (largest tried)
+        "default": ["--sessions", "1,2,4,8"],
+    },
 }
-DUPLEX_MODULE = "suite.duplex"          # issue 7's harness; a stage slot until it exists
+DUPLEX_MODULE = "suite.duplex"          # issue 7's harness
 LOG_TAIL_LINES = 20
 
 
@@ -90,8 +117,13 @@ class Stage:
 
     @property
     def mode(self) -> str | None:
-        """The one mode a memory stage runs ("stock" | "cadence"), else None."""
-        return self.harness.split("_", 1)[1] if self.harness.startswith("memory_") else None
+        """The one mode a memory or duplex stage runs ("stock" | "cadence"), else None."""
+        return self.harness.split("_", 1)[1] if "_" in self.harness else None
+
+
+def family(harness: str) -> str:
+    """'memory_stock' -> 'memory', 'duplex_cadence' -> 'duplex'; other harnesses are their own family."""
+    return harness.split("_")[0]
 
 
 def harness_present(module: str) -> bool:
@@ -114,10 +146,10 @@ def skip_reason(workload, harness: str) -> str | None:
     if variant is not None and variant not in getattr(adapter, "VARIANTS", ()):
         return (f"adapter {adapter.__name__} does not implement the {variant!r} variant yet "
                 f"(adapter.VARIANTS); running it would run another model's path")
-    if harness in ("verify", "memory_cadence", "duplex") and not runner.supports_cadence(adapter):
+    if harness in ("verify", "memory_cadence", "duplex_cadence") and not runner.supports_cadence(adapter):
         return f"adapter {adapter.__name__} has no cadence mode"
-    if harness == "duplex" and not harness_present(DUPLEX_MODULE):
-        return f"harness {DUPLEX_MODULE} is not present yet (issue 7: SPEAK vs cadence, sessions per GPU)"
+    if family(harness) == "duplex" and not harness_present(DUPLEX_MODULE):
+        return f"harness {DUPLEX_MODULE} is not importable here (issue 7: SPEAK vs cadence, sessions per GPU)"
     return None
 
 
@@ -143,14 +175,13 @@ def plan(workload_names: list[str], harnesses: list[str], device_type: str, *,
 
 def select(stages: list[Stage], patterns: list[str] | None) -> list[Stage]:
     """The stages any pattern names: an fnmatch glob on the stage name (`minicpmo45.*`, `*.memory_*`), or
-    a workload, harness or harness family (`memory`) given alone. None or [] selects all.
+    a workload, harness or harness family (`memory`, `duplex`) given alone. None or [] selects all.
     Raises ValueError naming a pattern that selects nothing."""
     if not patterns:
         return list(stages)
 
     def hit(st: Stage, p: str) -> bool:
-        return (fnmatch.fnmatchcase(st.name, p) or p in (st.workload, st.harness)
-                or st.harness.split("_")[0] == p)
+        return fnmatch.fnmatchcase(st.name, p) or p in (st.workload, st.harness) or family(st.harness) == p
 
     empty = [p for p in patterns if not any(hit(s, p) for s in stages)]
     if empty:
@@ -240,10 +271,16 @@ class State:
         return st
 
     def counts(self) -> dict:
+        """Stages per status, legacy entries left out."""
         out = {s: 0 for s in STATUSES}
         for st in self.stages.values():
-            out[st.status] = out.get(st.status, 0) + 1
+            if st.harness in HARNESSES:
+                out[st.status] = out.get(st.status, 0) + 1
         return out
+
+    def legacy(self) -> dict[str, StageState]:
+        """Entries whose harness this version does not plan (an older version's stage), by stage name."""
+        return {name: st for name, st in self.stages.items() if st.harness not in HARNESSES}
 
 
 # --- running -------------------------------------------------------------------------------------
@@ -264,10 +301,11 @@ Executor = Callable[[Stage, Path, float, dict], Outcome]
 def stage_argv(stage: Stage, out_dir: Path, options: dict) -> list[str]:
     """The module and arguments of a stage's process (after `python -m`).
     options: device, steps, seconds, max_speak_units, depth, seed, notes (the run's --options)."""
-    if stage.harness == "duplex":
-        argv = [DUPLEX_MODULE, "--workload", stage.workload, "--device", options["device"],
+    if family(stage.harness) == "duplex":
+        per_workload = DUPLEX_SESSIONS[stage.mode]
+        argv = [DUPLEX_MODULE, "--workload", stage.workload, "--device", options["device"], "--modes", stage.mode,
                 "--out", str(out_dir), "--ar", "none", "--seconds", str(DUPLEX_SECONDS), "--after-miss", "0",
-                "--quiet", *DUPLEX_SESSIONS.get(stage.workload, DUPLEX_SESSIONS["default"])]
+                "--quiet", *per_workload.get(stage.workload, per_workload["default"])]
         if options.get("depth") and options["depth"] != "released":
             argv += ["--depth", options["depth"]]
         if options.get("steps"):
@@ -325,7 +363,7 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
 
 def inline_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict) -> Outcome:
     """Run a suite.stage_run stage in this process (tests: fake adapters registered in-process are seen).
-    No timeout is enforced. The duplex stage is not run inline (failed, with the reason)."""
+    No timeout is enforced. The duplex stages are not run inline (failed, with the reason)."""
     from suite import stage_run
 
     argv = stage_argv(stage, out_dir, options)
@@ -353,16 +391,13 @@ def _read_verdict(out_dir: Path, st: StageState) -> None:
         st.mismatched_units = list((rec.get("comparison") or {}).get("mismatched_units", []))
 
 
-def family(harness: str) -> str:
-    """'memory_stock' -> 'memory'; other harnesses are their own family."""
-    return harness.split("_")[0]
-
-
 def estimate_s(stage: Stage, state: State) -> float:
     """Seconds this stage is expected to need: ESTIMATE_MARGIN x the slowest done stage of its harness
-    family in this run (any workload), capped at its budget; its budget when none is done yet."""
+    family in this run (any workload; legacy entries left out), capped at its budget; its budget when none
+    is done yet."""
     seen = [st.seconds for st in state.stages.values()
-            if st.status == "done" and st.seconds is not None and family(st.harness) == family(stage.harness)]
+            if st.status == "done" and st.seconds is not None and st.harness in HARNESSES
+            and family(st.harness) == family(stage.harness)]
     return min(stage.budget_s, ESTIMATE_MARGIN * max(seen)) if seen else stage.budget_s
 
 
