@@ -293,7 +293,7 @@ def speak_table(data: dict) -> str:
             s, c = d["modes"].get("stock", {}), d["modes"].get("cadence", {})
             rows.append([w, _paper(e, paper), _pct_text(s.get("speak_vs_period_pct_mean")),
                          _pct_text(c.get("speak_vs_period_pct_mean")),
-                         f"{_pct_text(s.get('speak_vs_period_pct_p99'))} / {_pct_text(c.get('speak_vs_period_pct_p99'))}",
+                         " / ".join(_pct_text(m.get("speak_vs_period_pct_p99")) for m in (s, c)),
                          f"{_f(s.get('miss_rate'), '.3f')} / {_f(c.get('miss_rate'), '.3f')}",
                          _duplex_source(e, d)])
             continue
@@ -436,7 +436,9 @@ def provenance_table(data: dict) -> str:
     for i, s in enumerate(state.get("sittings", []), 1):
         rows.append([f"sitting {i} command", " ".join(s.get("command") or [])])
         rows.append([f"sitting {i}", f"{s.get('started_utc')} -> {s.get('ended_utc', 'unfinished')}, budget "
-                     f"{_f(s.get('budget_s'))} s, git {str(s.get('git_rev'))[:12]}, impl/ tree "
+                     f"{_f(s.get('budget_s'))} s"
+                     + (f", GPUs {','.join(map(str, s['gpus']))}" if s.get("gpus") else "")
+                     + f", git {str(s.get('git_rev'))[:12]}, impl/ tree "
                      f"{str(s.get('impl_tree'))[:12]}; ran {len(s.get('ran', []))}, kept {len(s.get('kept', []))}"
                      + (f"; stopped: {s['stopped']}" if s.get("stopped") else "")])
     trees = {str(r["provenance"].get("impl_tree")) for r in recs}
@@ -451,11 +453,11 @@ def stages_table(data: dict) -> str:
     for name, st in data["state"].get("stages", {}).items():
         legacy = "" if st["harness"] in HARNESSES else "legacy (a harness this version does not run; kept as recorded)"
         rows.append([name, st["status"], _f(st.get("seconds")), _f(st.get("budget_s"), ".0f"),
-                     str(st.get("attempts", 0)), st.get("verdict") or DASH,
+                     str(st.get("attempts", 0)), _f(st.get("gpu")), st.get("verdict") or DASH,
                      ", ".join(dict.fromkeys(st.get("invalid_codes") or [])) or DASH,
                      "; ".join(x for x in (legacy, st.get("reason") or "") if x)])
-    return _table(rows, ["stage", "status", "seconds", "budget s", "attempts", "verdict", "invalid codes",
-                         "reason"])
+    return _table(rows, ["stage", "status", "seconds", "budget s", "attempts", "GPU (--gpus)", "verdict",
+                         "invalid codes", "reason"])
 
 
 # --- plots -----------------------------------------------------------------------------------------

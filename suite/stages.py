@@ -21,12 +21,18 @@ All write into `<run dir>/<stage name>/`, plus `log.txt` (the process's output).
 A stage that cannot run here is **skipped with its reason** (a harness module that is not there yet, a
 workload variant its adapter does not implement, a mode the adapter does not declare); skipped stages are
 checked again on every run. State lives in `<run dir>/stages.json` (`State`): per stage its status
-(`done` | `failed` | `skipped` | `pending`; `running` while its process runs), seconds, attempts, return code, reason, the stage's verdict
-and provenance (command, git rev, impl/ tree); per sitting the command, budget and where it stopped.
-`--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting stops cleanly (state
-saved, remaining stages `pending`) when what is left of `--budget-s` is less than the next stage is
-expected to need (its budget, or 1.5x the slowest done stage of its family once one has run). The first
-stage of a sitting always starts; every stage's timeout is its budget cut to what is left.
+(`done` | `failed` | `skipped` | `pending`; `running` while its process runs), seconds, attempts, return
+code, reason, the stage's verdict and provenance (command, git rev, impl/ tree, the GPU it ran on); per
+sitting the command, budget, GPUs and where it stopped. `--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting
+stops cleanly (state saved, remaining stages `pending`) when what is left of `--budget-s` is less than
+the next stage is expected to need (its budget, or 1.5x the slowest done stage of its family once one has
+run). The first stage of a sitting always starts; every stage's timeout is its budget cut to what is left.
+
+**Several GPUs of one host** (`--gpus 0,1`, `run_plan(gpus=...)`): stages still start in plan order, up to
+one per GPU at a time, each process pinned with CUDA_VISIBLE_DEVICES (it sees its GPU as `cuda`), each
+waited on by a thread of its own; the budget rules above hold per stage as it starts. Without `--gpus`,
+one stage at a time and CUDA_VISIBLE_DEVICES as it is. The GPUs are a property of the sitting, not of the
+run (not in `options`): a run started on one GPU can be resumed on two.
 
 **Legacy entries**: a stages.json written by an older version may hold a stage whose harness is not in
 `HARNESSES` any more (the single `<workload>.duplex` stage, both modes in one process, before it was split
@@ -36,6 +42,7 @@ the per-mode stages have not run.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fnmatch
 import importlib.util
@@ -44,7 +51,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -212,6 +221,7 @@ class StageState:
     mismatched_units: list = field(default_factory=list)
     git_rev: str | None = None       # of the sitting that ran it
     impl_tree: str | None = None
+    gpu: int | None = None           # the --gpus index its last attempt ran on (None: not pinned)
     log_tail: list = field(default_factory=list)
 
 
@@ -220,12 +230,14 @@ class StateError(ValueError):
 
 
 class State:
-    """`<run dir>/stages.json`: options, sittings and per-stage states. `save()` writes atomically."""
+    """`<run dir>/stages.json`: options, sittings and per-stage states. `save()` writes atomically, one
+    save at a time (a lock: several stages may be in flight)."""
 
     def __init__(self, run_dir: Path, data: dict):
         self.run_dir = Path(run_dir)
         self.data = data
         self.stages: dict[str, StageState] = {k: StageState(**v) for k, v in data.get("stages", {}).items()}
+        self._lock = threading.Lock()
 
     @property
     def path(self) -> Path:
@@ -258,11 +270,12 @@ class State:
         return cls(run_dir, data)
 
     def save(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.data["stages"] = {k: asdict(v) for k, v in self.stages.items()}
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
-        os.replace(tmp, self.path)
+        with self._lock:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.data["stages"] = {k: asdict(v) for k, v in self.stages.items()}
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+            os.replace(tmp, self.path)
 
     def get(self, stage: Stage) -> StageState:
         st = self.stages.get(stage.name)
@@ -294,8 +307,9 @@ class Outcome:
     log_tail: list = field(default_factory=list)
 
 
-#: Runs one stage: (stage, stage dir, timeout s, options) -> Outcome.
-Executor = Callable[[Stage, Path, float, dict], Outcome]
+#: Runs one stage: (stage, stage dir, timeout s, options, *, gpu) -> Outcome. gpu: the --gpus index to pin
+#: the stage to, or None (not pinned). Called from a worker thread when run_plan has gpus.
+Executor = Callable[..., Outcome]
 
 
 def stage_argv(stage: Stage, out_dir: Path, options: dict) -> list[str]:
@@ -328,10 +342,26 @@ def _tail(text: str, n: int = LOG_TAIL_LINES) -> list[str]:
     return [line[:300] for line in text.splitlines()[-n:]]
 
 
-def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict) -> Outcome:
+def visible_device(gpu: int) -> str:
+    """The CUDA_VISIBLE_DEVICES value that shows a stage only GPU `gpu`: this process's CUDA index `gpu`,
+    i.e. entry `gpu` of its own CUDA_VISIBLE_DEVICES where that is set, else `gpu` itself. Raises ValueError
+    if this process does not see that many GPUs."""
+    own = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if own is None or not own.strip():
+        return str(gpu)
+    entries = [e.strip() for e in own.split(",")]
+    if not 0 <= gpu < len(entries):
+        raise ValueError(f"--gpus {gpu}: CUDA_VISIBLE_DEVICES={own!r} shows {len(entries)} GPU(s) to this process")
+    return entries[gpu]
+
+
+def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict, *,
+                        gpu: int | None = None) -> Outcome:
     """Run the stage as `python -m <argv>` from the repository root, in its own process group, output to
-    out_dir/log.txt; killed (the whole group) at timeout_s. Exit 0: done; 4: skipped (the mode is not
-    available, stage_run.EXIT_UNAVAILABLE); anything else, or the timeout: failed."""
+    out_dir/log.txt; killed (the whole group) at timeout_s. gpu: pin the process to that GPU
+    (CUDA_VISIBLE_DEVICES = `visible_device(gpu)`; it sees it as `cuda`, device 0), named on log.txt's first
+    line; None: the environment as it is. Exit 0: done; 4: skipped (the mode is not available,
+    stage_run.EXIT_UNAVAILABLE); anything else, or the timeout: failed."""
     from suite import env
 
     out_dir = out_dir.resolve()                   # the child runs from the repository root
@@ -340,9 +370,14 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
     roots = [str(env.REPO_ROOT / "impl"), str(env.REPO_ROOT)]
     child_env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in child_env.get("PYTHONPATH", "").split(
         os.pathsep) if p and p not in roots])
+    if gpu is not None:
+        child_env["CUDA_VISIBLE_DEVICES"] = visible_device(gpu)
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "log.txt"
     with open(log, "w") as fh:
+        if gpu is not None:
+            fh.write(f"# stage {stage.name} on GPU {gpu} (CUDA_VISIBLE_DEVICES={child_env['CUDA_VISIBLE_DEVICES']})\n")
+            fh.flush()
         proc = subprocess.Popen(argv, cwd=env.REPO_ROOT, env=child_env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
@@ -361,14 +396,18 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
     return Outcome("failed", rc, f"exit status {rc}: " + (tail[-1] if tail else "no output"), argv, tail)
 
 
-def inline_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict) -> Outcome:
+def inline_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict, *,
+                    gpu: int | None = None) -> Outcome:
     """Run a suite.stage_run stage in this process (tests: fake adapters registered in-process are seen).
-    No timeout is enforced. The duplex stages are not run inline (failed, with the reason)."""
+    No timeout is enforced. The duplex stages are not run inline, nor a stage pinned to a GPU (failed,
+    with the reason)."""
     from suite import stage_run
 
     argv = stage_argv(stage, out_dir, options)
     if argv[0] != "suite.stage_run":
         return Outcome("failed", None, f"{argv[0]} is not run inline", argv)
+    if gpu is not None:
+        return Outcome("failed", None, f"a stage run inline cannot be pinned to GPU {gpu} (one process)", argv)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         rc = stage_run.main(argv[1:])
@@ -404,76 +443,123 @@ def estimate_s(stage: Stage, state: State) -> float:
 def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: float | None = None,
              execute: Executor = subprocess_executor, clock: Callable[[], float] = time.monotonic,
              provenance: dict | None = None, log: Callable[[str], None] = print,
-             after: Callable[[], object] | None = None) -> dict:
-    """Run the stages in order within budget_s seconds (None: no total budget), saving state after each.
+             after: Callable[[], object] | None = None, gpus: list[int] | None = None) -> dict:
+    """Run the stages in plan order within budget_s seconds (None: no total budget), saving state as each
+    starts and ends.
 
     Kept: `done` stages. Recorded without running: `skipped` (Stage.skip). Stopped: when what is left is
     less than the stage is expected to need (`estimate_s`: its budget until a stage of its family has
-    run, then 1.5x the slowest such) and it is not the sitting's first stage to run; it and all after it
+    run, then 1.5x the slowest such) and it is not the sitting's first stage to start; it and all after it
     stay `pending`. A stage's timeout is its budget, cut to what is left of the sitting.
+    gpus: None runs one stage at a time in this thread, as `execute(..., gpu=None)`. A list of GPU indices
+    runs up to len(gpus) stages at once, started in plan order: the next stage waits for a free GPU g,
+    then passes the budget check (so the check sees the time left when it would start), and a worker
+    thread waits on `execute(..., gpu=g)` (the subprocess executor pins the process with
+    CUDA_VISIBLE_DEVICES); the stage's `gpu` is recorded. A stop leaves the stages in flight to finish,
+    each within its timeout, so within the sitting. All bookkeeping, saves, `log` and `after` run in the
+    calling thread.
     Returns the sitting's record (also appended to state.data["sittings"]):
-    {started_utc, ended_utc, budget_s, ran, kept, stopped (reason or None), ...provenance git fields}.
+    {started_utc, ended_utc, budget_s, gpus, ran, kept, stopped (reason or None), ...provenance git fields}.
     A stage is saved as `running` while its process runs (a killed sitting leaves it so; `State.open`
-    turns it into `failed`, rerun on resume). after: called after every stage that ran (the report)."""
+    turns it into `failed`, rerun on resume). An exception from `execute`, or a KeyboardInterrupt,
+    propagates; with gpus only once the other stages in flight have returned (their processes are not
+    killed; each ends by its timeout), and their outcomes are not recorded: they stay `running`.
+    after: called after every stage that ran (the report)."""
     provenance = provenance or {}
     t0 = clock()
-    sitting = {"started_utc": utc_now(), "budget_s": budget_s, "command": options.get("command"),
-               "git_rev": provenance.get("git_rev"), "impl_tree": provenance.get("impl_tree"),
-               "ran": [], "kept": [], "skipped": [], "stopped": None}
+    sitting = {"started_utc": utc_now(), "budget_s": budget_s, "gpus": list(gpus) if gpus else None,
+               "command": options.get("command"), "git_rev": provenance.get("git_rev"),
+               "impl_tree": provenance.get("impl_tree"), "ran": [], "kept": [], "skipped": [], "stopped": None}
     state.data.setdefault("sittings", []).append(sitting)
-    for stage in stages:
-        st = state.get(stage)
-        st.budget_s = stage.budget_s
-        st.dir = stage.name
-        if st.status == "done":
-            sitting["kept"].append(stage.name)
-            continue
-        if stage.skip:
-            st.status, st.reason = "skipped", stage.skip
-            sitting["skipped"].append(stage.name)
-            state.save()
-            continue
-        left = None if budget_s is None else budget_s - (clock() - t0)
-        need = estimate_s(stage, state)
-        if sitting["stopped"] or (left is not None and (left <= 0 or (sitting["ran"] and left < need))):
-            if not sitting["stopped"]:
-                sitting["stopped"] = (f"budget: {max(left, 0):.0f} s of --budget-s {budget_s:g} left before "
-                                      f"{stage.name}, which is expected to need {need:.0f} s; rerun with --resume")
-                log(f"stop: {sitting['stopped']}")
-            last = f"; last attempt {st.status}: {st.reason}" if st.status == "failed" else ""
-            st.status, st.reason = "pending", "not run yet: " + sitting["stopped"] + last
-            continue
-        timeout = stage.budget_s if left is None else min(stage.budget_s, left)
-        out_dir = state.run_dir / stage.name
-        if out_dir.exists():
-            _clear(out_dir)
-        st.attempts += 1
-        st.started_utc, st.timeout_s = utc_now(), timeout
-        st.git_rev, st.impl_tree = provenance.get("git_rev"), provenance.get("impl_tree")
-        st.status, st.reason = "running", ""
-        state.save()
-        log(f"stage {stage.name}: start (budget {stage.budget_s:g} s, timeout {timeout:.0f} s)")
-        t_stage = clock()
-        outcome = execute(stage, out_dir, timeout, options)
-        st.seconds = round(clock() - t_stage, 3)
-        st.ended_utc = utc_now()
+    free: list[int | None] = list(gpus) if gpus else [None]
+    flight: dict[Future, Stage] = {}
+    started = 0
+
+    def attempt(stage: Stage, out_dir: Path, timeout: float, gpu: int | None) -> tuple[Outcome, float]:
+        t = clock()
+        outcome = execute(stage, out_dir, timeout, options, gpu=gpu)
+        return outcome, clock() - t
+
+    def finish(fut: Future) -> None:
+        stage = flight.pop(fut)
+        st = state.stages[stage.name]
+        free.append(st.gpu)
+        outcome, seconds = fut.result()            # an executor's exception propagates from here
+        st.seconds, st.ended_utc = round(seconds, 3), utc_now()
         st.status, st.returncode, st.reason = outcome.status, outcome.returncode, outcome.reason
-        if outcome.status == "failed" and outcome.reason.startswith("timed out") and timeout < stage.budget_s:
-            st.reason = (f"the sitting's --budget-s ran out during the stage (timeout cut to {timeout:.0f} s of "
-                         f"its {stage.budget_s:g} s budget); rerun with --resume")
+        if outcome.status == "failed" and outcome.reason.startswith("timed out") and st.timeout_s < stage.budget_s:
+            st.reason = (f"the sitting's --budget-s ran out during the stage (timeout cut to {st.timeout_s:.0f} s "
+                         f"of its {stage.budget_s:g} s budget); rerun with --resume")
         st.command, st.log_tail = list(outcome.command), list(outcome.log_tail)
-        _read_verdict(out_dir, st)
+        _read_verdict(state.run_dir / stage.name, st)
         sitting["ran"].append(stage.name)
-        log(f"stage {stage.name}: {st.status} in {st.seconds:.1f} s"
+        log(f"stage {stage.name}: {st.status} in {st.seconds:.1f} s" + _on(st.gpu)
             + (f" (verdict {st.verdict})" if st.verdict else "") + (f": {st.reason}" if st.reason else ""))
         if st.log_tail:                            # the stage's own summary (or its error)
             log("  | " + "\n  | ".join(st.log_tail[-12:]))
         state.save()
         if after is not None:
             after()
+
+    def finish_done() -> None:
+        for fut in [f for f in flight if f.done()]:
+            finish(fut)
+
+    with (ThreadPoolExecutor(max_workers=len(gpus), thread_name_prefix="stage") if gpus
+          else contextlib.nullcontext()) as pool:
+        for stage in stages:
+            finish_done()
+            st = state.get(stage)
+            st.budget_s = stage.budget_s
+            st.dir = stage.name
+            if st.status == "done":
+                sitting["kept"].append(stage.name)
+                continue
+            if stage.skip:
+                st.status, st.reason = "skipped", stage.skip
+                sitting["skipped"].append(stage.name)
+                state.save()
+                continue
+            while not free and not sitting["stopped"]:     # every GPU busy: wait for a stage to end
+                finish(next(iter(wait(flight, return_when=FIRST_COMPLETED).done)))
+            left = None if budget_s is None else budget_s - (clock() - t0)
+            need = estimate_s(stage, state)
+            if sitting["stopped"] or (left is not None and (left <= 0 or (started and left < need))):
+                if not sitting["stopped"]:
+                    sitting["stopped"] = (f"budget: {max(left, 0):.0f} s of --budget-s {budget_s:g} left before "
+                                          f"{stage.name}, which is expected to need {need:.0f} s; rerun with --resume")
+                    log(f"stop: {sitting['stopped']}")
+                last = f"; last attempt {st.status}: {st.reason}" if st.status == "failed" else ""
+                st.status, st.reason = "pending", "not run yet: " + sitting["stopped"] + last
+                continue
+            gpu = free.pop(0)
+            timeout = stage.budget_s if left is None else min(stage.budget_s, left)
+            out_dir = state.run_dir / stage.name
+            if out_dir.exists():
+                _clear(out_dir)
+            st.attempts += 1
+            st.started_utc, st.timeout_s, st.gpu = utc_now(), timeout, gpu
+            st.git_rev, st.impl_tree = provenance.get("git_rev"), provenance.get("impl_tree")
+            st.status, st.reason = "running", ""
+            state.save()
+            log(f"stage {stage.name}: start{_on(gpu)} (budget {stage.budget_s:g} s, timeout {timeout:.0f} s)")
+            started += 1
+            if pool is None:                          # one at a time, in this thread (no GPU pinning)
+                fut: Future = Future()
+                flight[fut] = stage
+                fut.set_result(attempt(stage, out_dir, timeout, gpu))
+            else:
+                flight[pool.submit(attempt, stage, out_dir, timeout, gpu)] = stage
+            finish_done()
+        while flight:
+            finish(next(iter(wait(flight, return_when=FIRST_COMPLETED).done)))
     sitting["ended_utc"] = utc_now()
     state.save()
     return sitting
+
+
+def _on(gpu: int | None) -> str:
+    return "" if gpu is None else f" on GPU {gpu}"
 
 
 def _clear(folder: Path) -> None:

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -34,12 +36,14 @@ class Stub:
 
     def __init__(self, seconds: float = 10.0, fail: tuple = (), record: bool = True):
         self.now, self.seconds, self.fail, self.calls, self.record = 0.0, seconds, set(fail), [], record
+        self.gpu = {}                       # stage name -> the gpu it was given
 
     def clock(self) -> float:
         return self.now
 
-    def __call__(self, stage, out_dir, timeout_s, options):
+    def __call__(self, stage, out_dir, timeout_s, options, *, gpu=None):
         self.calls.append((stage.name, timeout_s))
+        self.gpu[stage.name] = gpu
         self.now += self.seconds
         out_dir.mkdir(parents=True, exist_ok=True)
         if stage.name in self.fail:
@@ -97,10 +101,10 @@ def test_a_stage_interrupted_by_a_killed_sitting_is_rerun(tmp_path):
         pass
 
     class KilledStub(Stub):
-        def __call__(self, stage, out_dir, timeout_s, options):
+        def __call__(self, stage, out_dir, timeout_s, options, *, gpu=None):
             if stage.harness == "memory_stock":
                 raise Killed                            # the 10-minute command ends mid-stage
-            return super().__call__(stage, out_dir, timeout_s, options)
+            return super().__call__(stage, out_dir, timeout_s, options, gpu=gpu)
 
     with pytest.raises(Killed):
         run(tmp_path, three(), KilledStub())
@@ -138,7 +142,7 @@ def test_budget_uses_what_done_stages_of_the_family_took(tmp_path):
 
 
 def test_stage_killed_by_the_sitting_budget_says_so(tmp_path):
-    def slow(stage, out_dir, timeout_s, options):
+    def slow(stage, out_dir, timeout_s, options, *, gpu=None):
         return stages.Outcome("failed", None, f"timed out after {timeout_s:.0f} s (killed)")
 
     state = stages.State.open(tmp_path, OPTIONS, resume=False)
@@ -248,6 +252,220 @@ def test_duplex_counts_fit_the_stage_budget():
             assert 20 + 60 * len(counts) + build <= 0.9 * budget, (mode, name, counts)
 
 
+# --- several GPUs of one host (--gpus) ---------------------------------------------------------------
+FAKE_STAGE = """import json, os, sys, time
+t0 = time.time()
+time.sleep(float(sys.argv[2]))
+with open(os.path.join(sys.argv[1], "seen.json"), "w") as fh:
+    json.dump({"cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": t0, "end": time.time()}, fh)
+"""
+
+
+@pytest.fixture
+def fake_stage_process(tmp_path, monkeypatch):
+    """subprocess_executor runs `python -m fake_stage <out dir> <sleep s>`: it writes what it saw to seen.json."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "fake_stage.py").write_text(FAKE_STAGE)
+    monkeypatch.setenv("PYTHONPATH", str(mods))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(stages, "stage_argv", lambda stage, out_dir, options: ["fake_stage", str(out_dir), "1.0"])
+
+    def seen(run_dir: Path, name: str) -> dict:
+        return json.loads((run_dir / name / "seen.json").read_text())
+    return seen
+
+
+def test_two_stages_run_at_once_each_on_its_gpu(tmp_path, fake_stage_process):
+    """Real child processes: a and b overlap, each sees only its GPU; c waits for the first free one."""
+    run_dir = tmp_path / "run"
+    state = stages.State.open(run_dir, OPTIONS, resume=False)
+    plan = [stages.Stage(w, "verify", 60.0) for w in "abc"]
+    sitting = stages.run_plan(plan, state, OPTIONS, gpus=[0, 1], log=lambda *_: None)
+    a, b, c = (fake_stage_process(run_dir, f"{w}.verify") for w in "abc")
+    assert max(a["start"], b["start"]) < min(a["end"], b["end"])            # at the same time
+    assert c["start"] >= min(a["end"], b["end"])                            # two GPUs: two at a time
+    disk = on_disk(run_dir)
+    assert (a["cvd"], b["cvd"]) == ("0", "1") and (disk["a.verify"]["gpu"], disk["b.verify"]["gpu"]) == (0, 1)
+    assert c["cvd"] == str(disk["c.verify"]["gpu"]) and all(v["status"] == "done" for v in disk.values())
+    assert (run_dir / "b.verify" / "log.txt").read_text().splitlines()[0] == \
+        "# stage b.verify on GPU 1 (CUDA_VISIBLE_DEVICES=1)"
+    assert sitting["gpus"] == [0, 1] and sorted(sitting["ran"]) == ["a.verify", "b.verify", "c.verify"]
+
+    seq = tmp_path / "seq"                                                  # no --gpus: as before, unpinned
+    stages.run_plan(plan[:1], stages.State.open(seq, OPTIONS, resume=False), OPTIONS, log=lambda *_: None)
+    assert fake_stage_process(seq, "a.verify")["cvd"] is None and on_disk(seq)["a.verify"]["gpu"] is None
+    assert not (seq / "a.verify" / "log.txt").read_text().startswith("# stage")
+
+
+def test_visible_device_maps_through_our_own_cuda_visible_devices(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert stages.visible_device(1) == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")                       # this process sees physical 3 and 5
+    assert stages.visible_device(1) == "5"
+    with pytest.raises(ValueError, match="shows 2 GPU"):
+        stages.visible_device(2)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_budget_stop_with_a_stage_in_flight(tmp_path):
+    """a holds GPU 0 until the sitting has stopped; b takes 90 s on GPU 1; c then finds 60 s of 150 left,
+    less than the 100 s it needs: c and d stay pending, a still ends and is recorded."""
+    clock, release, calls, at_stop = FakeClock(), threading.Event(), [], {}
+
+    def execute(stage, out_dir, timeout_s, options, *, gpu=None):
+        calls.append((stage.name, timeout_s, gpu))
+        if stage.workload == "a":
+            assert release.wait(10), "the sitting never stopped while a ran"
+            clock.now += 5.0
+        else:
+            clock.now += 90.0
+        return stages.Outcome("done", 0, "", ["stub"])
+
+    def log(message: str) -> None:
+        if message.startswith("stop:"):
+            at_stop.update(on_disk(tmp_path))
+            release.set()
+
+    state = stages.State.open(tmp_path, OPTIONS, resume=False)
+    plan = [stages.Stage(w, "verify", 100.0) for w in "abcd"]
+    sitting = stages.run_plan(plan, state, OPTIONS, budget_s=150.0, execute=execute, clock=clock, log=log,
+                              gpus=[0, 1])
+    assert sorted(calls) == [("a.verify", 100.0, 0), ("b.verify", 100.0, 1)]
+    assert (at_stop["a.verify"]["status"], at_stop["b.verify"]["status"]) == ("running", "done")
+    assert sitting["stopped"].startswith("budget: 60 s of --budget-s 150 left before c.verify, which is "
+                                         "expected to need 100 s")
+    disk = on_disk(tmp_path)
+    assert [disk[f"{w}.verify"]["status"] for w in "abcd"] == ["done", "done", "pending", "pending"]
+    assert disk["a.verify"]["seconds"] == 95.0 and sitting["ran"] == ["b.verify", "a.verify"]
+    assert "ended_utc" in sitting
+
+
+def test_a_killed_parallel_sitting_is_resumed(tmp_path):
+    """The command is killed with two stages in flight: both stay `running` on disk, become failed
+    (interrupted) when the run folder is opened again, and rerun, here on another set of GPUs."""
+    class Killed(Exception):
+        pass
+
+    go = threading.Event()
+
+    def execute(stage, out_dir, timeout_s, options, *, gpu=None):
+        go.wait(5)
+        return stages.Outcome("done", 0, "", ["stub"])
+
+    def log(message: str) -> None:
+        if message.startswith("stage b.verify: start"):
+            go.set()
+            raise Killed
+
+    plan = [stages.Stage(w, "verify", 100.0) for w in "abc"]
+    with pytest.raises(Killed):
+        stages.run_plan(plan, stages.State.open(tmp_path, OPTIONS, resume=False), OPTIONS, execute=execute,
+                        log=log, gpus=[0, 1])
+    disk = on_disk(tmp_path)
+    assert {k: (v["status"], v["gpu"]) for k, v in disk.items()} == {"a.verify": ("running", 0),
+                                                                     "b.verify": ("running", 1)}
+    opened = stages.State.open(tmp_path, OPTIONS, resume=True)
+    assert all((opened.stages[f"{w}.verify"].status, opened.stages[f"{w}.verify"].reason) ==
+               ("failed", "interrupted: the sitting ended while this stage ran") for w in "ab")
+    again = Stub()
+    state, _ = run(tmp_path, plan, again, resume=True)          # run() has no gpus: a sitting on one GPU
+    assert [c[0] for c in again.calls] == ["a.verify", "b.verify", "c.verify"]
+    assert [state.stages[f"{w}.verify"].attempts for w in "abc"] == [2, 2, 1]
+    assert all(state.stages[f"{w}.verify"].gpu is None for w in "abc")
+    disk = on_disk(tmp_path)
+    assert all(v["status"] == "done" for v in disk.values())
+
+
+def test_state_saves_one_at_a_time(tmp_path, monkeypatch):
+    """Saves from several threads never overlap (each writes the one .tmp file, then renames it)."""
+    inside, peak, real = [0], [0], os.replace
+
+    def slow_replace(src, dst):
+        inside[0] += 1
+        peak[0] = max(peak[0], inside[0])
+        time.sleep(0.02)
+        inside[0] -= 1
+        real(src, dst)
+
+    monkeypatch.setattr(stages.os, "replace", slow_replace)
+    state = stages.State.open(tmp_path, OPTIONS, resume=False)
+    threads = [threading.Thread(target=state.save) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 1 and json.loads((tmp_path / "stages.json").read_text())["schema"] == stages.SCHEMA
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """suite.reproduce believes it is on a host with 2 CUDA GPUs (no CUDA is touched: stub executors)."""
+    monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(reproduce.torch.cuda, "device_count", lambda: 2)
+
+
+def test_gpus_is_not_a_recorded_option(fake_registry, clean_tree, two_gpus, tmp_path):  # noqa: F811
+    """A run started on two GPUs resumes on none (and the reverse would too): --gpus is the sitting's."""
+    run_dir = tmp_path / "run"
+    args = ["--device", "cuda", "--workload", "fake", "--stages", "verify,memory", "--run-dir", str(run_dir)]
+    first = Stub(fail={"fake.memory_cadence"}, record=False)
+    assert reproduce.main([*args, "--gpus", "0,1"], execute=first) == 1
+    data = json.loads((run_dir / "stages.json").read_text())
+    assert "gpus" not in data["options"] and data["options"]["device"] == "cuda"
+    assert data["sittings"][0]["gpus"] == [0, 1]
+    gpus = {k: v["gpu"] for k, v in data["stages"].items()}
+    assert set(gpus.values()) <= {0, 1} and first.gpu == gpus                 # what each executor call was given
+    assert ", GPUs 0,1, git" in _section((run_dir / "REPORT.md").read_text(), "Provenance")
+    again = Stub(record=False)
+    assert reproduce.main([*args, "--resume"], execute=again) == 0
+    assert [c[0] for c in again.calls] == ["fake.memory_cadence"]
+    data = json.loads((run_dir / "stages.json").read_text())
+    assert data["stages"]["fake.memory_cadence"]["gpu"] is None and data["sittings"][1]["gpus"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["--gpus", "a"], "--gpus 'a': expected comma-separated GPU indices", id="not-int"),
+    pytest.param(["--gpus=-1"], "--gpus '-1': expected comma-separated GPU indices", id="negative"),
+    pytest.param(["--gpus", "0,,1"], "--gpus '0,,1': expected comma-separated GPU indices", id="empty-item"),
+    pytest.param(["--gpus", "1.5"], "--gpus '1.5': expected comma-separated GPU indices", id="float"),
+    pytest.param(["--gpus", "0,1,0"], "--gpus '0,1,0': expected each GPU once", id="repeat"),
+    pytest.param(["--gpus", "0,2"], "--gpus 0,2: GPU 2 is not there; this process sees 2 GPU(s)", id="absent"),
+    pytest.param(["--gpus", "0", "--device", "cuda:1"], "--gpus 0 with --device cuda:1", id="cuda-index"),
+])
+def test_bad_gpus_is_a_one_line_error(two_gpus, args, message, capsys):
+    assert reproduce.main(["--device", "cuda", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_gpus_on_cpu_is_an_error(capsys):
+    assert reproduce.main(["--device", "cpu", "--gpus", "0"]) == 2
+    assert capsys.readouterr().err == ("error: --gpus 0: the device is cpu; --gpus pins stages to CUDA GPUs "
+                                       "(--device cuda)\n")
+
+
+def test_device_facts_of_a_pinned_stage_are_its_gpus(monkeypatch):
+    """Under CUDA_VISIBLE_DEVICES the process's cuda:0 is not nvidia-smi's GPU 0: facts are asked by UUID."""
+    from suite import env
+
+    props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=2**37,
+                                  multi_processor_count=132, uuid="1234-abcd")
+    asked = []
+    monkeypatch.setattr(env.torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(env.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(env, "nvidia_smi", lambda index: asked.append(index) or {"driver": "x"})
+    info = env.device_info("cuda")
+    assert asked == ["GPU-1234-abcd"] and info["gpu_uuid"] == "GPU-1234-abcd" and info["driver"] == "x"
+
+
 # --- merged report ---------------------------------------------------------------------------------------
 @pytest.fixture
 def fake_registry(monkeypatch, fake_adapter):  # noqa: F811
@@ -273,10 +491,10 @@ def duplex_part(workload_name: str, mode: str, hashes=("u0", "u1", "u2")) -> dic
     return rec
 
 
-def _duplex_executor(stage, out_dir, timeout_s, options):
+def _duplex_executor(stage, out_dir, timeout_s, options, *, gpu=None):
     """Stands in for `suite.duplex --modes <the stage's mode>`: writes that mode's record."""
     if stages.family(stage.harness) != "duplex":
-        return stages.inline_executor(stage, out_dir, timeout_s, options)
+        return stages.inline_executor(stage, out_dir, timeout_s, options, gpu=gpu)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "duplex.json").write_text(json.dumps(duplex_part(stage.workload, stage.mode)))
     return stages.Outcome("done", 0, "", ["duplex stub"])
@@ -458,7 +676,7 @@ def test_per_mode_duplex_records_are_joined_by_duplex_merge(tmp_path):
 def test_one_duplex_mode_done_is_shown_and_the_other_said_pending(tmp_path):
     """The sitting's budget ends after duplex_stock: the report has stock's figures, and says cadence is pending."""
     class DuplexStub(Stub):
-        def __call__(self, stage, out_dir, timeout_s, options):
+        def __call__(self, stage, out_dir, timeout_s, options, *, gpu=None):
             self.calls.append((stage.name, timeout_s))
             self.now += self.seconds
             out_dir.mkdir(parents=True, exist_ok=True)
