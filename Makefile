@@ -1,5 +1,6 @@
 # DuplexCadence. Every target does its own set-up (the virtual environment in .venv).
-# `make reproduce`  the main job, staged and resumable (suite/stages.py): writes results/<date>-<device>-reproduce/
+# `make reproduce`  the main job, staged and resumable (suite/stages.py; per workload verify, memory_stock,
+#                   memory_cadence, duplex_stock, duplex_cadence): writes results/<date>-<device>-reproduce/
 #                   stages.json, one folder per stage and one merged REPORT.md (CPU default: minicpmo45 verify, 4 units)
 # `make test`       the test suite (CPU; GPU-only tests skip with the reason)
 # `make bench`      pytest-benchmark microbenchmarks of the runtime's parts
@@ -11,8 +12,9 @@ PY := $(VENV)/bin/python
 # Offline wheels (e.g. carried to a GPU machine without network): WHEELS=.whl make ...
 WHEELS ?=
 PIP_OFFLINE := $(if $(WHEELS),--no-index --find-links $(WHEELS),)
-# Options for reproduce: make reproduce ARGS="--device cuda --stages 'minicpmo45.*' --run-dir DIR --resume --budget-s 420"
-# (exit status 3: budget spent with stages pending; run the same command again)
+# Options for reproduce: make reproduce ARGS="--device cuda --stages 'minicpmo45.*' --run-dir DIR --resume --budget-s 570"
+# (exit status 3: budget spent with stages pending; run the same command again); add --gpus 0,1 on a host with
+# two GPUs to run two stages at a time, each pinned to its GPU (a duplex stage needs --budget-s >= 560)
 ARGS ?=
 # stepaudio2 wraps its encoder chunk in torch.compile(backend="eager"): tracing and recompiling for every
 # new shape is host overhead only (the same aten kernels run), minutes per session on a CPU. Off by default

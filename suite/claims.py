@@ -8,8 +8,10 @@ a note, where it is missing). It runs again after every stage (and from `python 
 Claims, each beside the published figure (`report.PUBLISHED`, one H200, MiniCPM-o 4.5) and the stock
 baseline of the same run: speedup (stock / cadence tail time, p50 with a p10-p90 band), peak memory
 over idle (one process per mode when the memory stages ran; else verify's one-process figures, labelled),
-per-session increment, SPEAK time vs the 1 s cadence and sessions per GPU (the duplex harness; tail-only
-figures from verify meanwhile, labelled), bitwise equality. Times in ms, memory in MiB.
+per-session increment, SPEAK time vs the 1 s cadence and sessions per GPU (the `duplex_stock` and
+`duplex_cadence` stages, one mode each, joined by `suite.duplex_merge.merge`; one mode and the other's
+status while only one is done; tail-only figures from verify while neither is, labelled), bitwise
+equality. Times in ms, memory in MiB.
 
 Noise: the band of a speedup is [stock p10 / cadence p90, stock p90 / cadence p10] over the measured
 units of one run. `--compare REF` puts a reference run's ratios beside ours and says whether ours lies in
@@ -22,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from suite.duplex_merge import merge as merge_duplex
 from suite.report import DASH, PUBLISHED, _f, _table
+from suite.stages import HARNESSES, family
 
 FLOW_HIFT = "flow_hift"        # the architecture the published figures were measured on (MiniCPM-o 4.5)
 PLOTS = ("speedup.png", "memory.png", "tail_per_unit.png")
@@ -37,7 +41,8 @@ def _json(path: Path) -> dict | None:
 
 
 def load(run_dir: str | Path) -> dict:
-    """{"state": stages.json, "workloads": {name: {harness: {"state", "record", "duplex"}}}}.
+    """{"state": stages.json, "workloads": {name: {harness: {"state", "record", "duplex"}}}}; "duplex": a done
+    duplex stage's {"file" (relative to the run dir), "record"} (`_duplex_record`).
     Raises FileNotFoundError naming the missing stages.json."""
     run_dir = Path(run_dir)
     state = _json(run_dir / "stages.json")
@@ -50,38 +55,56 @@ def load(run_dir: str | Path) -> dict:
         entry = {"state": st, "record": None, "duplex": None}
         if st.get("status") == "done":
             entry["record"] = _json(folder / "run.json")
-            if st["harness"] == "duplex":
-                entry["duplex"] = _duplex_figures(folder)
+            if family(st["harness"]) == "duplex":           # duplex_stock, duplex_cadence, legacy duplex
+                entry["duplex"] = _duplex_record(folder, run_dir)
         out.setdefault(st["workload"], {})[st["harness"]] = entry
     return {"state": state, "workloads": out, "run_dir": run_dir}
 
 
-def _duplex_figures(folder: Path) -> dict | None:
-    """Stock / cadence figures of the duplex stage: from `duplex.json` (suite.duplex, schema
-    duplexcadence.duplex/1): per mode, the one-session run's mean and p99 SPEAK time as a percentage over
-    (+) or under (-) the 1 s cadence and its miss rate, and the largest session count with zero misses;
-    or the first JSON in the folder that already has a `modes` dict of such figures."""
+def _duplex_record(folder: Path, run_dir: Path) -> dict | None:
+    """{"file", "record"}: the first suite.duplex record (schema duplexcadence.duplex/...) in a stage folder."""
     for path in sorted(folder.rglob("*.json")):
         data = _json(path)
-        if not isinstance(data, dict):
-            continue
-        if isinstance(data.get("modes"), dict):
-            return {"file": str(path.relative_to(folder)), **data}
-        if str(data.get("schema", "")).startswith("duplexcadence.duplex/") and data.get("workloads"):
-            w = next(iter(data["workloads"].values()))
-            modes = {}
-            for mode, m in w.get("modes", {}).items():
-                solo = next((r for r in m.get("runs", []) if r.get("sessions") == 1 and not r.get("refused")), None)
-                met = (solo or {}).get("metrics", {})
-                pct = (lambda f: None if f is None else 100.0 * (f - 1.0))
-                modes[mode] = {"speak_vs_period_pct_mean": pct(met.get("speak_frac_mean")),
-                               "speak_vs_period_pct_p99": pct(met.get("speak_frac_p99")),
-                               "miss_rate": met.get("miss_rate"),
-                               "max_sessions_zero_miss": m.get("max_zero_miss_sessions"),
-                               "seconds": data.get("parameters", {}).get("seconds"),
-                               "ar": w.get("ar")}
-            return {"file": str(path.relative_to(folder)), "modes": modes, "verdict": data.get("verdict")}
+        if (isinstance(data, dict) and str(data.get("schema", "")).startswith("duplexcadence.duplex/")
+                and data.get("workloads")):
+            return {"file": str(path.relative_to(run_dir)), "record": data}
     return None
+
+
+DUPLEX_STAGES = {"stock": "duplex_stock", "cadence": "duplex_cadence"}   # mode -> its stage's harness
+
+
+def duplex_figures(entries: dict, workload: str | None = None) -> dict | None:
+    """A workload's duplex figures, from its done duplex stages: the two per-mode records joined by
+    `suite.duplex_merge.merge` (stock == cadence recomputed from the one-session runs), the one record while
+    only one is done, or a legacy both-mode `duplex` stage's record when neither is. Per mode: the
+    one-session run's mean and p99 SPEAK time as a percentage over (+) or under (-) the 1 s cadence, its
+    miss rate, and the largest session count with zero misses. None when no duplex stage is done.
+    Returns {"modes", "files", "cadence_equals_stock" (None unless both modes), "verdict", "error"}."""
+    parts = [e["duplex"] for h in DUPLEX_STAGES.values() if (e := entries.get(h)) and e.get("duplex")]
+    if not parts and (entries.get("duplex") or {}).get("duplex"):
+        parts = [entries["duplex"]["duplex"]]
+    if not parts:
+        return None
+    files = [p["file"] for p in parts]
+    try:
+        record = merge_duplex([p["record"] for p in parts]) if len(parts) > 1 else parts[0]["record"]
+    except (ValueError, KeyError) as exc:
+        return {"modes": {}, "files": files, "cadence_equals_stock": None, "verdict": None,
+                "error": f"the duplex records cannot be joined: {exc}"}
+    w = record["workloads"].get(workload) or next(iter(record["workloads"].values()))
+    pct = (lambda f: None if f is None else 100.0 * (f - 1.0))  # noqa: E731
+    modes = {}
+    for mode, m in w.get("modes", {}).items():
+        solo = next((r for r in m.get("runs", []) if r.get("sessions") == 1 and not r.get("refused")), None)
+        met = (solo or {}).get("metrics", {})
+        modes[mode] = {"speak_vs_period_pct_mean": pct(met.get("speak_frac_mean")),
+                       "speak_vs_period_pct_p99": pct(met.get("speak_frac_p99")),
+                       "miss_rate": met.get("miss_rate"),
+                       "max_sessions_zero_miss": m.get("max_zero_miss_sessions"),
+                       "seconds": record.get("parameters", {}).get("seconds"), "ar": w.get("ar")}
+    return {"modes": modes, "files": files, "cadence_equals_stock": w.get("cadence_equals_stock"),
+            "verdict": record.get("verdict"), "error": None}
 
 
 def load_reference(path: str | Path) -> dict[str, dict]:
@@ -240,30 +263,46 @@ def session_table(data: dict) -> str:
                          "measured as (peak with one session - model loaded, no session)"])
 
 
-def _duplex(e: dict) -> dict | None:
-    return (e.get("duplex") or {}).get("duplex")
+def _duplex_status(e: dict) -> str:
+    """The duplex stages' statuses, one clause ("duplex: <status>" when both say the same)."""
+    st = {h: _status(e, h) for h in DUPLEX_STAGES.values()}
+    if len(set(st.values())) == 1:
+        return f"duplex: {next(iter(st.values()))}"
+    return "; ".join(f"{h}: {v}" for h, v in st.items())
+
+
+def _duplex_source(e: dict, d: dict) -> str:
+    """The duplex figures' files, the status of each mode they lack, and stock == cadence when both are in."""
+    text = f"duplex ({', '.join(d['files'])})"
+    text += "".join(f"; {mode}: {_status(e, h)}" for mode, h in DUPLEX_STAGES.items() if mode not in d["modes"])
+    if d["cadence_equals_stock"] is not None:
+        text += f"; one session alone, cadence == stock: {'yes' if d['cadence_equals_stock'] else 'NO'}"
+    return text + (f"; {d['error']}" if d["error"] else "")
+
+
+def _pct_text(value) -> str:
+    return DASH if value is None else f"{value:+.1f}%"
 
 
 def speak_table(data: dict) -> str:
     paper = f"{PUBLISHED['speak_vs_period_pct_stock']:+.0f}% -> {PUBLISHED['speak_vs_period_pct_cadence']:+.0f}%"
     rows = []
     for w, e in data["workloads"].items():
-        d = _duplex(e)
-        if d:
+        d = duplex_figures(e, w)
+        if d and d["modes"]:
             s, c = d["modes"].get("stock", {}), d["modes"].get("cadence", {})
-            rows.append([w, _paper(e, paper), f"{_f(s.get('speak_vs_period_pct_mean'), '+.1f')}%",
-                         f"{_f(c.get('speak_vs_period_pct_mean'), '+.1f')}%",
-                         f"{_f(s.get('speak_vs_period_pct_p99'), '+.1f')}% / "
-                         f"{_f(c.get('speak_vs_period_pct_p99'), '+.1f')}%",
+            rows.append([w, _paper(e, paper), _pct_text(s.get("speak_vs_period_pct_mean")),
+                         _pct_text(c.get("speak_vs_period_pct_mean")),
+                         " / ".join(_pct_text(m.get("speak_vs_period_pct_p99")) for m in (s, c)),
                          f"{_f(s.get('miss_rate'), '.3f')} / {_f(c.get('miss_rate'), '.3f')}",
-                         f"duplex ({d['file']})"])
+                         _duplex_source(e, d)])
             continue
         rec = e.get("verify", {}).get("record")
         ms = (rec or {}).get("modes", {})
         s = ms.get("stock", {}).get("metrics", {}).get("tail_vs_period_pct_p50")
         c = ms.get("cadence", {}).get("metrics", {}).get("tail_vs_period_pct_p50")
-        rows.append([w, _paper(e, paper), f"{_f(s, '+.1f')}%", f"{_f(c, '+.1f')}%", DASH, DASH,
-                     f"tail only, p50, no AR stage (verify); duplex: {_status(e, 'duplex')}"])
+        rows.append([w, _paper(e, paper), _pct_text(s), _pct_text(c), DASH, DASH,
+                     f"tail only, p50, no AR stage (verify); {_duplex_source(e, d) if d else _duplex_status(e)}"])
     return _table(rows, ["workload", "paper (mean SPEAK vs 1 s)", "ours stock", "ours cadence",
                          "p99 stock / cadence", "miss rate stock / cadence", "source"])
 
@@ -271,17 +310,18 @@ def speak_table(data: dict) -> str:
 def sessions_table(data: dict) -> str:
     rows = []
     for w, e in data["workloads"].items():
-        d = _duplex(e)
+        d = duplex_figures(e, w)
         s = c = None
         if d:
             s = d["modes"].get("stock", {}).get("max_sessions_zero_miss")
             c = d["modes"].get("cadence", {}).get("max_sessions_zero_miss")
         ratio = f"{c / s:.1f}x" if s and c is not None else DASH
         target = ">= 24 and >= 4x stock (tail only)" if _is_flow_hift(e, 10) else DASH
-        rows.append([w, _paper(e, "more per GPU (no figure)"), target,
-                     _f(s), _f(c), ratio, f"duplex ({d['file']})" if d else f"not measured ({_status(e, 'duplex')})"])
-    return _table(rows, ["workload", "paper", "target (issue 7, MiniCPM-o 10 steps)", "stock sessions (0 misses, 60 s)",
-                         "cadence sessions", "ours: ratio", "source"])
+        rows.append([w, _paper(e, "more per GPU (no figure)"), target, _f(s), _f(c), ratio,
+                     _duplex_source(e, d) if d else f"not measured ({_duplex_status(e)})"])
+    return _table(rows, ["workload", "paper", "target (issue 7, MiniCPM-o 10 steps)",
+                         "stock sessions, 0 misses in 60 s", "cadence sessions",
+                         "ours: ratio", "source"])
 
 
 def bitwise_table(data: dict) -> str:
@@ -396,7 +436,9 @@ def provenance_table(data: dict) -> str:
     for i, s in enumerate(state.get("sittings", []), 1):
         rows.append([f"sitting {i} command", " ".join(s.get("command") or [])])
         rows.append([f"sitting {i}", f"{s.get('started_utc')} -> {s.get('ended_utc', 'unfinished')}, budget "
-                     f"{_f(s.get('budget_s'))} s, git {str(s.get('git_rev'))[:12]}, impl/ tree "
+                     f"{_f(s.get('budget_s'))} s"
+                     + (f", GPUs {','.join(map(str, s['gpus']))}" if s.get("gpus") else "")
+                     + f", git {str(s.get('git_rev'))[:12]}, impl/ tree "
                      f"{str(s.get('impl_tree'))[:12]}; ran {len(s.get('ran', []))}, kept {len(s.get('kept', []))}"
                      + (f"; stopped: {s['stopped']}" if s.get("stopped") else "")])
     trees = {str(r["provenance"].get("impl_tree")) for r in recs}
@@ -409,11 +451,13 @@ def provenance_table(data: dict) -> str:
 def stages_table(data: dict) -> str:
     rows = []
     for name, st in data["state"].get("stages", {}).items():
+        legacy = "" if st["harness"] in HARNESSES else "legacy (a harness this version does not run; kept as recorded)"
         rows.append([name, st["status"], _f(st.get("seconds")), _f(st.get("budget_s"), ".0f"),
-                     str(st.get("attempts", 0)), st.get("verdict") or DASH,
-                     ", ".join(dict.fromkeys(st.get("invalid_codes") or [])) or DASH, st.get("reason") or ""])
-    return _table(rows, ["stage", "status", "seconds", "budget s", "attempts", "verdict", "invalid codes",
-                         "reason"])
+                     str(st.get("attempts", 0)), _f(st.get("gpu")), st.get("verdict") or DASH,
+                     ", ".join(dict.fromkeys(st.get("invalid_codes") or [])) or DASH,
+                     "; ".join(x for x in (legacy, st.get("reason") or "") if x)])
+    return _table(rows, ["stage", "status", "seconds", "budget s", "attempts", "GPU (--gpus)", "verdict",
+                         "invalid codes", "reason"])
 
 
 # --- plots -----------------------------------------------------------------------------------------
@@ -481,13 +525,18 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
     """REPORT.md text of a loaded staged run (`load`); refs: workload -> reference record."""
     state = data["state"]
     counts = {s: 0 for s in ("done", "failed", "skipped", "pending", "running")}
+    legacy = 0
     for st in state.get("stages", {}).values():
+        if st["harness"] not in HARNESSES:              # an older version's stage: listed, not counted
+            legacy += 1
+            continue
         counts[st["status"]] = counts.get(st["status"], 0) + 1
     complete = counts["failed"] == counts["pending"] == counts["running"] == 0
     opts = state.get("options", {})
     parts = [f"# DuplexCadence reproduction {data['run_dir'].name}", "",
              f"**{'Complete' if complete else 'Incomplete'}**: " + ", ".join(f"{v} {k}" for k, v in counts.items()
                                                                              if v or k != "running")
+             + (f" (and {legacy} legacy entries of an older version, listed under Stages)" if legacy else "")
              + ("" if complete else "; rerun the same command with `--resume` to run the failed and pending "
                                      "stages (done stages are kept)."), "",
              _verdicts(state), "",
@@ -500,6 +549,9 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
              "## Per-session increment", "", session_table(data), "",
              "## SPEAK time against the 1 s cadence", "", speak_table(data), "",
              "## Sessions per GPU", "", sessions_table(data), "",
+             "Session counts are the largest count tried with zero missed units (suite.stages.DUPLEX_SESSIONS "
+             "per mode and workload): a lower bound on the limit, not the exact limit unless the counts tried "
+             "are consecutive there (`python -m suite.duplex --bisect` finds it).", "",
              "## Bitwise equality (per unit sha256, stock vs cadence)", "", bitwise_table(data), ""]
     if written:
         parts += ["## Plots", ""] + [f"![{p}]({p})" for p in written] + [""]

@@ -99,9 +99,10 @@ _SMI_FIELDS = ("name", "driver_version", "memory.total", "clocks.sm", "clocks.ma
                "power.limit", "pstate")
 
 
-def nvidia_smi(index: int) -> dict:
-    """`nvidia-smi --query-gpu` facts for one GPU ({} if nvidia-smi is absent or fails).
-    Units: memory MiB, clocks MHz, power W."""
+def nvidia_smi(index: int | str) -> dict:
+    """`nvidia-smi --query-gpu` facts for one GPU ({} if nvidia-smi is absent or fails). index: what
+    `nvidia-smi -i` takes: an index in nvidia-smi's own order (CUDA_VISIBLE_DEVICES does not apply) or a
+    GPU UUID. Units: memory MiB, clocks MHz, power W."""
     if shutil.which("nvidia-smi") is None:
         return {}
     try:
@@ -126,9 +127,12 @@ def device_info(device: str | torch.device = "cpu") -> dict:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
+        # by UUID: under CUDA_VISIBLE_DEVICES (a pinned stage) CUDA's index is not nvidia-smi's
+        uuid = getattr(props, "uuid", None)
         out.update({"gpu_name": props.name, "gpu_capability": f"{props.major}.{props.minor}",
-                    "gpu_memory_mib": props.total_memory // 2**20,
-                    "gpu_sm_count": props.multi_processor_count, **nvidia_smi(index)})
+                    "gpu_memory_mib": props.total_memory // 2**20, "gpu_sm_count": props.multi_processor_count,
+                    **({"gpu_uuid": f"GPU-{uuid}"} if uuid else {}),
+                    **nvidia_smi(f"GPU-{uuid}" if uuid else index)})
     return out
 
 

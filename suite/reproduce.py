@@ -3,13 +3,16 @@
     python -m suite.reproduce [--workload W|all] [--stages PATTERNS] [--device auto|cpu|cuda]
                               [--steps N] [--seconds S] [--max-speak-units N] [--depth released|reduced]
                               [--seed N] [--out results/] [--run-dir DIR] [--resume] [--budget-s S]
-                              [--stage-budget-s S] [--compare REF ...] [--list]
+                              [--stage-budget-s S] [--gpus 0,1] [--compare REF ...] [--list]
 
 Stages (suite.stages): `<workload>.verify` (speedup and bitwise equality, stock then cadence on one
 model), `<workload>.memory_stock` / `.memory_cadence` (one process per mode: driver-level peak and
-per-session increment), `<workload>.duplex` (issue 7's harness; skipped with the reason until it exists).
-Every stage runs in a process of its own with a time budget; state is kept in `<run dir>/stages.json` and
-the merged report in `<run dir>/REPORT.md` (suite.claims), rewritten after every sitting.
+per-session increment), `<workload>.duplex_stock` / `.duplex_cadence` (suite.duplex, one mode each: SPEAK
+time against the 1 s cadence and sessions per GPU; each fills one sitting, 560 s on CUDA). Every stage
+runs in a process of its own with a time budget; state is kept in `<run dir>/stages.json` and the merged
+report in `<run dir>/REPORT.md` (suite.claims: the two duplex modes joined into one table), rewritten
+after every stage. `--list` also names legacy entries of stages.json (a harness an older version ran,
+such as the single `duplex` stage): they are left as recorded.
 
 Defaults: on CUDA every workload (`--workload all`) through every harness; on CPU the default workload
 (minicpmo45), verify only, released config, the first `CPU_DEFAULT_SPEAK_UNITS` SPEAK units over 2 turns
@@ -17,7 +20,11 @@ Defaults: on CUDA every workload (`--workload all`) through every harness; on CP
 taken) or `--run-dir`. `--resume` continues a run folder: done stages are kept, failed and pending ones run
 (the options must equal the recorded ones). `--budget-s` bounds this sitting: a stage starts only if what
 is left covers what it is expected to need (suite.stages.estimate_s; the first stage of a sitting always
-starts), and its timeout is cut to what is left; the rest stay pending.
+starts), and its timeout is cut to what is left; the rest stay pending. `--gpus 0,1` (CUDA, one host)
+runs up to one stage per listed GPU at a time, still started in plan order and under the same budget
+rule, each stage's process pinned with CUDA_VISIBLE_DEVICES (`gpu` in stages.json, the first line of its
+log.txt, `env` in its record's provenance); without it, one stage at a time. `--gpus` is not a recorded
+option: a run folder may be resumed with other GPUs or none.
 
 Exit status: 0 when every selected stage is done or skipped and every record is byte-identical and VALID
 (or INVALID only for too few units in a run cut short on purpose); 1 when a stage failed or a record is
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import re
 import sys
 from pathlib import Path
 
@@ -69,7 +77,7 @@ def parse_args(argv: list[str] | None):
                          "CUDA, minicpmo45 on CPU)")
     ap.add_argument("--stages", default=None,
                     help="comma-separated stage globs or names: 'minicpmo45.*', '*.memory_*', 'verify', "
-                         "'memory', 'duplex' (default: every harness on CUDA, verify on CPU)")
+                         "'memory', 'duplex', 'duplex_cadence' (default: every harness on CUDA, verify on CPU)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     ap.add_argument("--steps", type=_positive(int), default=None, help="Euler steps (default: the workload's)")
     ap.add_argument("--seconds", type=_positive(float), default=None, help="only units starting before S seconds")
@@ -83,6 +91,9 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--budget-s", type=_positive(float), default=None, help="wall-clock budget of this sitting")
     ap.add_argument("--stage-budget-s", type=_positive(float), default=None,
                     help="every stage's budget (default: suite.stages.BUDGET_S by harness and device)")
+    ap.add_argument("--gpus", default=None, metavar="0,1",
+                    help="CUDA only: run up to one stage per listed GPU at a time, each pinned with "
+                         "CUDA_VISIBLE_DEVICES (default: one stage at a time, unpinned)")
     ap.add_argument("--compare", action="append", default=None, metavar="REF",
                     help="a reference run folder to compare ratios with (repeatable), e.g. "
                          "results/2026-11-30-h200-minicpmo45")
@@ -94,6 +105,29 @@ def parse_args(argv: list[str] | None):
 def tolerated(codes: list[str], limited: bool) -> bool:
     """True if every INVALID code is 'few_units' of a run cut short on purpose."""
     return limited and all(c == "few_units" for c in codes)
+
+
+def parse_gpus(text: str | None, device: str) -> list[int] | None:
+    """--gpus '0,1' -> [0, 1] (None when not given). Raises ValueError naming --gpus: not comma-separated
+    non-negative ints, a repeat, a CPU device, a device other than plain `cuda` (each stage sees only its
+    GPU, as cuda), or an index this machine does not have."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]+", p) for p in parts):
+        raise ValueError(f"--gpus {text!r}: expected comma-separated GPU indices (non-negative ints), e.g. 0,1")
+    gpus = [int(p) for p in parts]
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"--gpus {text!r}: expected each GPU once")
+    if not device.startswith("cuda"):
+        raise ValueError(f"--gpus {text}: the device is {device}; --gpus pins stages to CUDA GPUs (--device cuda)")
+    if device != "cuda":
+        raise ValueError(f"--gpus {text} with --device {device}: each stage sees only its own GPU, as cuda; "
+                         f"pass --device cuda")
+    count = torch.cuda.device_count()
+    if max(gpus) >= count:
+        raise ValueError(f"--gpus {text}: GPU {max(gpus)} is not there; this process sees {count} GPU(s)")
+    return gpus
 
 
 def _names(arg: str | None, device: str) -> list[str]:
@@ -145,6 +179,7 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
     command = [sys.executable, "-m", "suite.reproduce", *(sys.argv[1:] if argv is None else argv)]
     try:
         device = resolve_device(args.device)
+        gpus = parse_gpus(args.gpus, device)
         names = _names(args.workload, device)
         default_harnesses = list(stages.HARNESSES) if device.startswith("cuda") else ["verify"]
         all_stages = stages.plan(names, list(stages.HARNESSES), "cuda" if device.startswith("cuda") else "cpu",
@@ -167,6 +202,7 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         notes = [f"CPU default: a short run of the first {max_units} SPEAK units over >= 2 turns "
                  f"(suite.reproduce); too few units for statistics, a check of the pipeline and of "
                  f"bit-exactness only"]
+    # what the run measures; --gpus is not in it (where the sitting runs: a run may resume on other GPUs)
     options = {"device": device, "steps": args.steps, "seconds": args.seconds, "max_speak_units": max_units,
                "depth": args.depth, "seed": args.seed, "notes": notes}
     run_dir = _run_dir(args, device)
@@ -180,8 +216,12 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
     if args.list:
         for s in chosen:
             st = state.stages.get(s.name)
-            print(f"{s.name:32s} {(st.status if st else 'new'):8s} budget {s.budget_s:5.0f} s  "
+            gpu = f"gpu {st.gpu}  " if st and st.gpu is not None else ""
+            print(f"{s.name:32s} {(st.status if st else 'new'):8s} budget {s.budget_s:5.0f} s  {gpu}"
                   f"{s.skip or (st.reason if st else '')}")
+        for name, st in state.legacy().items():
+            print(f"{name:32s} {st.status:8s} legacy: harness {st.harness!r} is not run by this version "
+                  f"(kept as recorded)")
         return 0
 
     if notes:
@@ -189,7 +229,7 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
               f"pass --max-speak-units / --seconds to change it")
     prov = env.provenance(command, device="cpu")    # git and versions; the device facts are in each stage
     run = stages.run_plan(chosen, state, {**options, "command": command}, budget_s=args.budget_s,
-                          execute=execute or stages.subprocess_executor, provenance=prov,
+                          execute=execute or stages.subprocess_executor, provenance=prov, gpus=gpus,
                           after=lambda: claims.write(run_dir))    # a killed sitting still has its report
     report = claims.write(run_dir)
     print(f"results: {run_dir}/stages.json, {report}")

@@ -9,25 +9,40 @@ harness's own module), with a time budget. Stage names are `<workload>.<harness>
   built, one session): driver-level peak over the idle baseline, so VMM mappings, weights and graph pools
   all count; per-session increment = peak with one session - the model-loaded sample (suite.memory).
   Writes `run.json`, `REPORT.md`.
-* `duplex`: `python -m suite.duplex --workload W --device D --out DIR` (issue 7: SPEAK time against the
-  1 s cadence, sessions per GPU), once that module exists. `suite.claims` reads the first JSON under DIR
-  with `modes.<stock|cadence>.{speak_vs_period_pct_mean, speak_vs_period_pct_p99, miss_rate,
-  max_sessions_zero_miss}` (percent of the 1 s period, fraction of units, sessions).
+* `duplex_stock`, `duplex_cadence`: `python -m suite.duplex --modes <mode> --workload W --device D --out DIR`
+  (issue 7: SPEAK time against the 1 s cadence, sessions per GPU), ONE mode per stage so that each fits a
+  sitting (a lent GPU runs one command for at most 600 s); the counts and policy per mode and workload are
+  `DUPLEX_SESSIONS`. Writes `duplex.json` (schema duplexcadence.duplex/1) and plots. `suite.claims` joins
+  the two modes' records with `suite.duplex_merge.merge` (stock == cadence recomputed from the one-session
+  runs); while only one is done the report shows that mode and the other's status.
 
 All write into `<run dir>/<stage name>/`, plus `log.txt` (the process's output).
 
 A stage that cannot run here is **skipped with its reason** (a harness module that is not there yet, a
 workload variant its adapter does not implement, a mode the adapter does not declare); skipped stages are
 checked again on every run. State lives in `<run dir>/stages.json` (`State`): per stage its status
-(`done` | `failed` | `skipped` | `pending`; `running` while its process runs), seconds, attempts, return code, reason, the stage's verdict
-and provenance (command, git rev, impl/ tree); per sitting the command, budget and where it stopped.
-`--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting stops cleanly (state
-saved, remaining stages `pending`) when what is left of `--budget-s` is less than the next stage is
-expected to need (its budget, or 1.5x the slowest done stage of its family once one has run). The first
-stage of a sitting always starts; every stage's timeout is its budget cut to what is left.
+(`done` | `failed` | `skipped` | `pending`; `running` while its process runs), seconds, attempts, return
+code, reason, the stage's verdict and provenance (command, git rev, impl/ tree, the GPU it ran on); per
+sitting the command, budget, GPUs and where it stopped. `--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting
+stops cleanly (state saved, remaining stages `pending`) when what is left of `--budget-s` is less than
+the next stage is expected to need (its budget, or 1.5x the slowest done stage of its family once one has
+run). The first stage of a sitting always starts; every stage's timeout is its budget cut to what is left.
+
+**Several GPUs of one host** (`--gpus 0,1`, `run_plan(gpus=...)`): stages still start in plan order, up to
+one per GPU at a time, each process pinned with CUDA_VISIBLE_DEVICES (it sees its GPU as `cuda`), each
+waited on by a thread of its own; the budget rules above hold per stage as it starts. Without `--gpus`,
+one stage at a time and CUDA_VISIBLE_DEVICES as it is. The GPUs are a property of the sitting, not of the
+run (not in `options`): a run started on one GPU can be resumed on two.
+
+**Legacy entries**: a stages.json written by an older version may hold a stage whose harness is not in
+`HARNESSES` any more (the single `<workload>.duplex` stage, both modes in one process, before it was split
+per mode). It is left as recorded: never run, never removed, out of the counts and the estimates;
+`python -m suite.reproduce --list` names it, and `suite.claims` still reads a done one's duplex.json when
+the per-mode stages have not run.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fnmatch
 import importlib.util
@@ -36,38 +51,59 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 SCHEMA = "duplexcadence.stages/1"
-HARNESSES = ("verify", "memory_stock", "memory_cadence", "duplex")
+HARNESSES = ("verify", "memory_stock", "memory_cadence", "duplex_stock", "duplex_cadence")
 STATUSES = ("done", "failed", "skipped", "pending", "running")   # running: only while its process runs
-#: Per-stage time budget in seconds (the stage's process is killed past it), by device type. These are
-#: upper bounds chosen so that two or three stages fit one sitting of a 10-minute command, not measured
-#: durations: no stage has been timed under this harness on an H200 yet. stages.json records every stage's
-#: seconds; tighten with --stage-budget-s once a sitting has run. CPU: 2 cores, released config, 4 SPEAK
-#: units (the CPU default verify took about 4 minutes on 2 idle cores; the budget allows a shared machine).
+#: Per-stage time budget in seconds (the stage's process is killed past it), by device type. verify and
+#: memory: upper bounds chosen so that two or three stages fit one sitting of a 10-minute command (done
+#: H200 stages took 24-58 s: results/2026-11-30-h200-reproduce*/stages.json). duplex: one stage fills a
+#: sitting of its own (560 s of a 600 s command; pass --budget-s >= 560 or its timeout is cut), see
+#: DUPLEX_SESSIONS. stages.json records every stage's seconds; tighten with --stage-budget-s. CPU: 2 cores,
+#: released config, 4 SPEAK units (the CPU default verify took about 4 minutes on 2 idle cores; the budget
+#: allows a shared machine).
 BUDGET_S = {
-    "cuda": {"verify": 300, "memory_stock": 180, "memory_cadence": 180, "duplex": 420},
-    "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex": 1800},
+    "cuda": {"verify": 300, "memory_stock": 180, "memory_cadence": 180, "duplex_stock": 560,
+             "duplex_cadence": 560},
+    "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex_stock": 1800,
+            "duplex_cadence": 1800},
 }
 ESTIMATE_MARGIN = 1.5                   # a stage is expected to take up to 1.5x its family's slowest done stage
-#: The duplex stage: tail only (AR none), 60 s per session count (issue 7), counts around the expected
-#: limits (stock MiniCPM-o ~4 per GPU at ~250 ms per unit; the issue's target is 24 cadence sessions).
+#: The duplex stages: tail only (AR none), 60 s per session count (issue 7), stop after a count's first miss.
 DUPLEX_SECONDS = 60
-#: MiniCPM-o: DuplexCadence sessions on their own host threads and streams, stock one thread (edf), each
-#: the policy that served it best on the H200 (results/2026-11-30-h200-duplex-60s*).
+#: suite.duplex arguments per mode and workload ("default": any other workload). Each list is sized to fit
+#: the 560 s budget, from the H200 timings of results/2026-11-30-h200-duplex-60s*/ (gpu*.log, duplex.json):
+#: a process builds the model (~20 s), then per count N runs 60 s; MiniCPM-o DuplexCadence sessions are
+#: pooled across the counts of one process and each needs ~9 s of warm-up (graph rehearsal) when first
+#: built, so counts 1,24,32 build 32 sessions: ~290 s + 3 x 60 s + 20 s ~ 490 s (1,16,24,32 would be
+#: ~550 s, too close: 60s-b's ran out of its limit at 32); stock MiniCPM-o sessions build in ~1-2 s each
+#: (a model copy each: 1,2,3,4 is 10 sessions + 4 x 60 s); Moshi DuplexCadence sessions are built per run
+#: at ~1 s each (1,16,32,48: 97 s + 4 x 60 s). Policies: the one that served each mode best on the H200
+#: (MiniCPM-o DuplexCadence on threads, stock on one thread, edf; suite.duplex's default edf elsewhere).
+#: The resulting `max_zero_miss_sessions` is a LOWER BOUND (the largest count tried with zero misses), not
+#: the exact limit: the counts skip values (MiniCPM-o cadence jumps 1 -> 24 -> 32) and suite.duplex's
+#: --bisect, which finds the exact limit, is not used here (its extra 60 s runs would not fit the 560 s).
 DUPLEX_SESSIONS = {
-    "minicpmo45": ["--sessions", "1,16,24,32", "--stock-sessions", "1,2,4", "--policy", "threads",
-                   "--stock-policy", "edf"],
-    "minicpmo45_5step": ["--sessions", "1,24,32,48", "--stock-sessions", "1,2,4", "--policy", "threads",
-                         "--stock-policy", "edf"],
-    "moshi": ["--sessions", "1,16,32,48", "--stock-sessions", "1,2,4,8"],
-    "default": ["--sessions", "1,2,4,8", "--stock-sessions", "1,2,4"],
+    "stock": {
+        "minicpmo45": ["--sessions", "1,2,3,4", "--policy", "edf"],       # H200: 2 with zero misses, 4 missed
+        "minicpmo45_5step": ["--sessions", "1,2,4,6", "--policy", "edf"],  # >= 4 (largest tried)
+        "moshi": ["--sessions", "1,2,4,8"],
+        "default": ["--sessions", "1,2,4"],
+    },
+    "cadence": {
+        "minicpmo45": ["--sessions", "1,24,32", "--policy", "threads"],   # >= 24; 32 segfaulted once (60s-c)
+        "minicpmo45_5step": ["--sessions", "1,24,32", "--policy", "threads"],
+        "moshi": ["--sessions", "1,16,32,48"],                              # >= 32 (largest tried)
+        "default": ["--sessions", "1,2,4,8"],
+    },
 }
-DUPLEX_MODULE = "suite.duplex"          # issue 7's harness; a stage slot until it exists
+DUPLEX_MODULE = "suite.duplex"          # issue 7's harness
 LOG_TAIL_LINES = 20
 
 
@@ -90,8 +126,13 @@ class Stage:
 
     @property
     def mode(self) -> str | None:
-        """The one mode a memory stage runs ("stock" | "cadence"), else None."""
-        return self.harness.split("_", 1)[1] if self.harness.startswith("memory_") else None
+        """The one mode a memory or duplex stage runs ("stock" | "cadence"), else None."""
+        return self.harness.split("_", 1)[1] if "_" in self.harness else None
+
+
+def family(harness: str) -> str:
+    """'memory_stock' -> 'memory', 'duplex_cadence' -> 'duplex'; other harnesses are their own family."""
+    return harness.split("_")[0]
 
 
 def harness_present(module: str) -> bool:
@@ -114,10 +155,10 @@ def skip_reason(workload, harness: str) -> str | None:
     if variant is not None and variant not in getattr(adapter, "VARIANTS", ()):
         return (f"adapter {adapter.__name__} does not implement the {variant!r} variant yet "
                 f"(adapter.VARIANTS); running it would run another model's path")
-    if harness in ("verify", "memory_cadence", "duplex") and not runner.supports_cadence(adapter):
+    if harness in ("verify", "memory_cadence", "duplex_cadence") and not runner.supports_cadence(adapter):
         return f"adapter {adapter.__name__} has no cadence mode"
-    if harness == "duplex" and not harness_present(DUPLEX_MODULE):
-        return f"harness {DUPLEX_MODULE} is not present yet (issue 7: SPEAK vs cadence, sessions per GPU)"
+    if family(harness) == "duplex" and not harness_present(DUPLEX_MODULE):
+        return f"harness {DUPLEX_MODULE} is not importable here (issue 7: SPEAK vs cadence, sessions per GPU)"
     return None
 
 
@@ -143,14 +184,13 @@ def plan(workload_names: list[str], harnesses: list[str], device_type: str, *,
 
 def select(stages: list[Stage], patterns: list[str] | None) -> list[Stage]:
     """The stages any pattern names: an fnmatch glob on the stage name (`minicpmo45.*`, `*.memory_*`), or
-    a workload, harness or harness family (`memory`) given alone. None or [] selects all.
+    a workload, harness or harness family (`memory`, `duplex`) given alone. None or [] selects all.
     Raises ValueError naming a pattern that selects nothing."""
     if not patterns:
         return list(stages)
 
     def hit(st: Stage, p: str) -> bool:
-        return (fnmatch.fnmatchcase(st.name, p) or p in (st.workload, st.harness)
-                or st.harness.split("_")[0] == p)
+        return fnmatch.fnmatchcase(st.name, p) or p in (st.workload, st.harness) or family(st.harness) == p
 
     empty = [p for p in patterns if not any(hit(s, p) for s in stages)]
     if empty:
@@ -181,6 +221,7 @@ class StageState:
     mismatched_units: list = field(default_factory=list)
     git_rev: str | None = None       # of the sitting that ran it
     impl_tree: str | None = None
+    gpu: int | None = None           # the --gpus index its last attempt ran on (None: not pinned)
     log_tail: list = field(default_factory=list)
 
 
@@ -189,12 +230,14 @@ class StateError(ValueError):
 
 
 class State:
-    """`<run dir>/stages.json`: options, sittings and per-stage states. `save()` writes atomically."""
+    """`<run dir>/stages.json`: options, sittings and per-stage states. `save()` writes atomically, one
+    save at a time (a lock: several stages may be in flight)."""
 
     def __init__(self, run_dir: Path, data: dict):
         self.run_dir = Path(run_dir)
         self.data = data
         self.stages: dict[str, StageState] = {k: StageState(**v) for k, v in data.get("stages", {}).items()}
+        self._lock = threading.Lock()
 
     @property
     def path(self) -> Path:
@@ -227,11 +270,12 @@ class State:
         return cls(run_dir, data)
 
     def save(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.data["stages"] = {k: asdict(v) for k, v in self.stages.items()}
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
-        os.replace(tmp, self.path)
+        with self._lock:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.data["stages"] = {k: asdict(v) for k, v in self.stages.items()}
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+            os.replace(tmp, self.path)
 
     def get(self, stage: Stage) -> StageState:
         st = self.stages.get(stage.name)
@@ -240,10 +284,16 @@ class State:
         return st
 
     def counts(self) -> dict:
+        """Stages per status, legacy entries left out."""
         out = {s: 0 for s in STATUSES}
         for st in self.stages.values():
-            out[st.status] = out.get(st.status, 0) + 1
+            if st.harness in HARNESSES:
+                out[st.status] = out.get(st.status, 0) + 1
         return out
+
+    def legacy(self) -> dict[str, StageState]:
+        """Entries whose harness this version does not plan (an older version's stage), by stage name."""
+        return {name: st for name, st in self.stages.items() if st.harness not in HARNESSES}
 
 
 # --- running -------------------------------------------------------------------------------------
@@ -257,17 +307,19 @@ class Outcome:
     log_tail: list = field(default_factory=list)
 
 
-#: Runs one stage: (stage, stage dir, timeout s, options) -> Outcome.
-Executor = Callable[[Stage, Path, float, dict], Outcome]
+#: Runs one stage: (stage, stage dir, timeout s, options, *, gpu) -> Outcome. gpu: the --gpus index to pin
+#: the stage to, or None (not pinned). Called from a worker thread when run_plan has gpus.
+Executor = Callable[..., Outcome]
 
 
 def stage_argv(stage: Stage, out_dir: Path, options: dict) -> list[str]:
     """The module and arguments of a stage's process (after `python -m`).
     options: device, steps, seconds, max_speak_units, depth, seed, notes (the run's --options)."""
-    if stage.harness == "duplex":
-        argv = [DUPLEX_MODULE, "--workload", stage.workload, "--device", options["device"],
+    if family(stage.harness) == "duplex":
+        per_workload = DUPLEX_SESSIONS[stage.mode]
+        argv = [DUPLEX_MODULE, "--workload", stage.workload, "--device", options["device"], "--modes", stage.mode,
                 "--out", str(out_dir), "--ar", "none", "--seconds", str(DUPLEX_SECONDS), "--after-miss", "0",
-                "--quiet", *DUPLEX_SESSIONS.get(stage.workload, DUPLEX_SESSIONS["default"])]
+                "--quiet", *per_workload.get(stage.workload, per_workload["default"])]
         if options.get("depth") and options["depth"] != "released":
             argv += ["--depth", options["depth"]]
         if options.get("steps"):
@@ -290,10 +342,26 @@ def _tail(text: str, n: int = LOG_TAIL_LINES) -> list[str]:
     return [line[:300] for line in text.splitlines()[-n:]]
 
 
-def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict) -> Outcome:
+def visible_device(gpu: int) -> str:
+    """The CUDA_VISIBLE_DEVICES value that shows a stage only GPU `gpu`: this process's CUDA index `gpu`,
+    i.e. entry `gpu` of its own CUDA_VISIBLE_DEVICES where that is set, else `gpu` itself. Raises ValueError
+    if this process does not see that many GPUs."""
+    own = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if own is None or not own.strip():
+        return str(gpu)
+    entries = [e.strip() for e in own.split(",")]
+    if not 0 <= gpu < len(entries):
+        raise ValueError(f"--gpus {gpu}: CUDA_VISIBLE_DEVICES={own!r} shows {len(entries)} GPU(s) to this process")
+    return entries[gpu]
+
+
+def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict, *,
+                        gpu: int | None = None) -> Outcome:
     """Run the stage as `python -m <argv>` from the repository root, in its own process group, output to
-    out_dir/log.txt; killed (the whole group) at timeout_s. Exit 0: done; 4: skipped (the mode is not
-    available, stage_run.EXIT_UNAVAILABLE); anything else, or the timeout: failed."""
+    out_dir/log.txt; killed (the whole group) at timeout_s. gpu: pin the process to that GPU
+    (CUDA_VISIBLE_DEVICES = `visible_device(gpu)`; it sees it as `cuda`, device 0), named on log.txt's first
+    line; None: the environment as it is. Exit 0: done; 4: skipped (the mode is not available,
+    stage_run.EXIT_UNAVAILABLE); anything else, or the timeout: failed."""
     from suite import env
 
     out_dir = out_dir.resolve()                   # the child runs from the repository root
@@ -302,9 +370,14 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
     roots = [str(env.REPO_ROOT / "impl"), str(env.REPO_ROOT)]
     child_env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in child_env.get("PYTHONPATH", "").split(
         os.pathsep) if p and p not in roots])
+    if gpu is not None:
+        child_env["CUDA_VISIBLE_DEVICES"] = visible_device(gpu)
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "log.txt"
     with open(log, "w") as fh:
+        if gpu is not None:
+            fh.write(f"# stage {stage.name} on GPU {gpu} (CUDA_VISIBLE_DEVICES={child_env['CUDA_VISIBLE_DEVICES']})\n")
+            fh.flush()
         proc = subprocess.Popen(argv, cwd=env.REPO_ROOT, env=child_env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
@@ -323,14 +396,18 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
     return Outcome("failed", rc, f"exit status {rc}: " + (tail[-1] if tail else "no output"), argv, tail)
 
 
-def inline_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict) -> Outcome:
+def inline_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict, *,
+                    gpu: int | None = None) -> Outcome:
     """Run a suite.stage_run stage in this process (tests: fake adapters registered in-process are seen).
-    No timeout is enforced. The duplex stage is not run inline (failed, with the reason)."""
+    No timeout is enforced. The duplex stages are not run inline, nor a stage pinned to a GPU (failed,
+    with the reason)."""
     from suite import stage_run
 
     argv = stage_argv(stage, out_dir, options)
     if argv[0] != "suite.stage_run":
         return Outcome("failed", None, f"{argv[0]} is not run inline", argv)
+    if gpu is not None:
+        return Outcome("failed", None, f"a stage run inline cannot be pinned to GPU {gpu} (one process)", argv)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         rc = stage_run.main(argv[1:])
@@ -353,92 +430,136 @@ def _read_verdict(out_dir: Path, st: StageState) -> None:
         st.mismatched_units = list((rec.get("comparison") or {}).get("mismatched_units", []))
 
 
-def family(harness: str) -> str:
-    """'memory_stock' -> 'memory'; other harnesses are their own family."""
-    return harness.split("_")[0]
-
-
 def estimate_s(stage: Stage, state: State) -> float:
     """Seconds this stage is expected to need: ESTIMATE_MARGIN x the slowest done stage of its harness
-    family in this run (any workload), capped at its budget; its budget when none is done yet."""
+    family in this run (any workload; legacy entries left out), capped at its budget; its budget when none
+    is done yet."""
     seen = [st.seconds for st in state.stages.values()
-            if st.status == "done" and st.seconds is not None and family(st.harness) == family(stage.harness)]
+            if st.status == "done" and st.seconds is not None and st.harness in HARNESSES
+            and family(st.harness) == family(stage.harness)]
     return min(stage.budget_s, ESTIMATE_MARGIN * max(seen)) if seen else stage.budget_s
 
 
 def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: float | None = None,
              execute: Executor = subprocess_executor, clock: Callable[[], float] = time.monotonic,
              provenance: dict | None = None, log: Callable[[str], None] = print,
-             after: Callable[[], object] | None = None) -> dict:
-    """Run the stages in order within budget_s seconds (None: no total budget), saving state after each.
+             after: Callable[[], object] | None = None, gpus: list[int] | None = None) -> dict:
+    """Run the stages in plan order within budget_s seconds (None: no total budget), saving state as each
+    starts and ends.
 
     Kept: `done` stages. Recorded without running: `skipped` (Stage.skip). Stopped: when what is left is
     less than the stage is expected to need (`estimate_s`: its budget until a stage of its family has
-    run, then 1.5x the slowest such) and it is not the sitting's first stage to run; it and all after it
+    run, then 1.5x the slowest such) and it is not the sitting's first stage to start; it and all after it
     stay `pending`. A stage's timeout is its budget, cut to what is left of the sitting.
+    gpus: None runs one stage at a time in this thread, as `execute(..., gpu=None)`. A list of GPU indices
+    runs up to len(gpus) stages at once, started in plan order: the next stage waits for a free GPU g,
+    then passes the budget check (so the check sees the time left when it would start), and a worker
+    thread waits on `execute(..., gpu=g)` (the subprocess executor pins the process with
+    CUDA_VISIBLE_DEVICES); the stage's `gpu` is recorded. A stop leaves the stages in flight to finish,
+    each within its timeout, so within the sitting. All bookkeeping, saves, `log` and `after` run in the
+    calling thread.
     Returns the sitting's record (also appended to state.data["sittings"]):
-    {started_utc, ended_utc, budget_s, ran, kept, stopped (reason or None), ...provenance git fields}.
+    {started_utc, ended_utc, budget_s, gpus, ran, kept, stopped (reason or None), ...provenance git fields}.
     A stage is saved as `running` while its process runs (a killed sitting leaves it so; `State.open`
-    turns it into `failed`, rerun on resume). after: called after every stage that ran (the report)."""
+    turns it into `failed`, rerun on resume). An exception from `execute`, or a KeyboardInterrupt,
+    propagates; with gpus only once the other stages in flight have returned (their processes are not
+    killed; each ends by its timeout), and their outcomes are not recorded: they stay `running`.
+    after: called after every stage that ran (the report)."""
     provenance = provenance or {}
     t0 = clock()
-    sitting = {"started_utc": utc_now(), "budget_s": budget_s, "command": options.get("command"),
-               "git_rev": provenance.get("git_rev"), "impl_tree": provenance.get("impl_tree"),
-               "ran": [], "kept": [], "skipped": [], "stopped": None}
+    sitting = {"started_utc": utc_now(), "budget_s": budget_s, "gpus": list(gpus) if gpus else None,
+               "command": options.get("command"), "git_rev": provenance.get("git_rev"),
+               "impl_tree": provenance.get("impl_tree"), "ran": [], "kept": [], "skipped": [], "stopped": None}
     state.data.setdefault("sittings", []).append(sitting)
-    for stage in stages:
-        st = state.get(stage)
-        st.budget_s = stage.budget_s
-        st.dir = stage.name
-        if st.status == "done":
-            sitting["kept"].append(stage.name)
-            continue
-        if stage.skip:
-            st.status, st.reason = "skipped", stage.skip
-            sitting["skipped"].append(stage.name)
-            state.save()
-            continue
-        left = None if budget_s is None else budget_s - (clock() - t0)
-        need = estimate_s(stage, state)
-        if sitting["stopped"] or (left is not None and (left <= 0 or (sitting["ran"] and left < need))):
-            if not sitting["stopped"]:
-                sitting["stopped"] = (f"budget: {max(left, 0):.0f} s of --budget-s {budget_s:g} left before "
-                                      f"{stage.name}, which is expected to need {need:.0f} s; rerun with --resume")
-                log(f"stop: {sitting['stopped']}")
-            last = f"; last attempt {st.status}: {st.reason}" if st.status == "failed" else ""
-            st.status, st.reason = "pending", "not run yet: " + sitting["stopped"] + last
-            continue
-        timeout = stage.budget_s if left is None else min(stage.budget_s, left)
-        out_dir = state.run_dir / stage.name
-        if out_dir.exists():
-            _clear(out_dir)
-        st.attempts += 1
-        st.started_utc, st.timeout_s = utc_now(), timeout
-        st.git_rev, st.impl_tree = provenance.get("git_rev"), provenance.get("impl_tree")
-        st.status, st.reason = "running", ""
-        state.save()
-        log(f"stage {stage.name}: start (budget {stage.budget_s:g} s, timeout {timeout:.0f} s)")
-        t_stage = clock()
-        outcome = execute(stage, out_dir, timeout, options)
-        st.seconds = round(clock() - t_stage, 3)
-        st.ended_utc = utc_now()
+    free: list[int | None] = list(gpus) if gpus else [None]
+    flight: dict[Future, Stage] = {}
+    started = 0
+
+    def attempt(stage: Stage, out_dir: Path, timeout: float, gpu: int | None) -> tuple[Outcome, float]:
+        t = clock()
+        outcome = execute(stage, out_dir, timeout, options, gpu=gpu)
+        return outcome, clock() - t
+
+    def finish(fut: Future) -> None:
+        stage = flight.pop(fut)
+        st = state.stages[stage.name]
+        free.append(st.gpu)
+        outcome, seconds = fut.result()            # an executor's exception propagates from here
+        st.seconds, st.ended_utc = round(seconds, 3), utc_now()
         st.status, st.returncode, st.reason = outcome.status, outcome.returncode, outcome.reason
-        if outcome.status == "failed" and outcome.reason.startswith("timed out") and timeout < stage.budget_s:
-            st.reason = (f"the sitting's --budget-s ran out during the stage (timeout cut to {timeout:.0f} s of "
-                         f"its {stage.budget_s:g} s budget); rerun with --resume")
+        if outcome.status == "failed" and outcome.reason.startswith("timed out") and st.timeout_s < stage.budget_s:
+            st.reason = (f"the sitting's --budget-s ran out during the stage (timeout cut to {st.timeout_s:.0f} s "
+                         f"of its {stage.budget_s:g} s budget); rerun with --resume")
         st.command, st.log_tail = list(outcome.command), list(outcome.log_tail)
-        _read_verdict(out_dir, st)
+        _read_verdict(state.run_dir / stage.name, st)
         sitting["ran"].append(stage.name)
-        log(f"stage {stage.name}: {st.status} in {st.seconds:.1f} s"
+        log(f"stage {stage.name}: {st.status} in {st.seconds:.1f} s" + _on(st.gpu)
             + (f" (verdict {st.verdict})" if st.verdict else "") + (f": {st.reason}" if st.reason else ""))
         if st.log_tail:                            # the stage's own summary (or its error)
             log("  | " + "\n  | ".join(st.log_tail[-12:]))
         state.save()
         if after is not None:
             after()
+
+    def finish_done() -> None:
+        for fut in [f for f in flight if f.done()]:
+            finish(fut)
+
+    with (ThreadPoolExecutor(max_workers=len(gpus), thread_name_prefix="stage") if gpus
+          else contextlib.nullcontext()) as pool:
+        for stage in stages:
+            finish_done()
+            st = state.get(stage)
+            st.budget_s = stage.budget_s
+            st.dir = stage.name
+            if st.status == "done":
+                sitting["kept"].append(stage.name)
+                continue
+            if stage.skip:
+                st.status, st.reason = "skipped", stage.skip
+                sitting["skipped"].append(stage.name)
+                state.save()
+                continue
+            while not free and not sitting["stopped"]:     # every GPU busy: wait for a stage to end
+                finish(next(iter(wait(flight, return_when=FIRST_COMPLETED).done)))
+            left = None if budget_s is None else budget_s - (clock() - t0)
+            need = estimate_s(stage, state)
+            if sitting["stopped"] or (left is not None and (left <= 0 or (started and left < need))):
+                if not sitting["stopped"]:
+                    sitting["stopped"] = (f"budget: {max(left, 0):.0f} s of --budget-s {budget_s:g} left before "
+                                          f"{stage.name}, which is expected to need {need:.0f} s; rerun with --resume")
+                    log(f"stop: {sitting['stopped']}")
+                last = f"; last attempt {st.status}: {st.reason}" if st.status == "failed" else ""
+                st.status, st.reason = "pending", "not run yet: " + sitting["stopped"] + last
+                continue
+            gpu = free.pop(0)
+            timeout = stage.budget_s if left is None else min(stage.budget_s, left)
+            out_dir = state.run_dir / stage.name
+            if out_dir.exists():
+                _clear(out_dir)
+            st.attempts += 1
+            st.started_utc, st.timeout_s, st.gpu = utc_now(), timeout, gpu
+            st.git_rev, st.impl_tree = provenance.get("git_rev"), provenance.get("impl_tree")
+            st.status, st.reason = "running", ""
+            state.save()
+            log(f"stage {stage.name}: start{_on(gpu)} (budget {stage.budget_s:g} s, timeout {timeout:.0f} s)")
+            started += 1
+            if pool is None:                          # one at a time, in this thread (no GPU pinning)
+                fut: Future = Future()
+                flight[fut] = stage
+                fut.set_result(attempt(stage, out_dir, timeout, gpu))
+            else:
+                flight[pool.submit(attempt, stage, out_dir, timeout, gpu)] = stage
+            finish_done()
+        while flight:
+            finish(next(iter(wait(flight, return_when=FIRST_COMPLETED).done)))
     sitting["ended_utc"] = utc_now()
     state.save()
     return sitting
+
+
+def _on(gpu: int | None) -> str:
+    return "" if gpu is None else f" on GPU {gpu}"
 
 
 def _clear(folder: Path) -> None:

@@ -11,12 +11,15 @@ import json
 import os
 import re
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
 import pytest
 
-from suite import claims, report, stage_run, stages
+from suite import claims, report, reproduce, stage_run, stages
+from test_duplex_merge import WL as MERGE_WL, part
 from test_suite_runner import clean_tree, fake_adapter, workload  # noqa: F401
 
 OPTIONS = {"device": "cpu", "steps": None, "seconds": None, "max_speak_units": None, "depth": "released",
@@ -28,21 +31,25 @@ def three(budget: float = 100.0) -> list[stages.Stage]:
 
 
 class Stub:
-    """An executor that records calls, advances a fake clock and fails the stages it is told to."""
+    """An executor that records calls, advances a fake clock and fails the stages it is told to.
+    record=False: a done stage leaves no run.json (for runs whose report is rendered, which reads records)."""
 
-    def __init__(self, seconds: float = 10.0, fail: tuple = ()):
-        self.now, self.seconds, self.fail, self.calls = 0.0, seconds, set(fail), []
+    def __init__(self, seconds: float = 10.0, fail: tuple = (), record: bool = True):
+        self.now, self.seconds, self.fail, self.calls, self.record = 0.0, seconds, set(fail), [], record
+        self.gpu = {}                       # stage name -> the gpu it was given
 
     def clock(self) -> float:
         return self.now
 
-    def __call__(self, stage, out_dir, timeout_s, options):
+    def __call__(self, stage, out_dir, timeout_s, options, *, gpu=None):
         self.calls.append((stage.name, timeout_s))
+        self.gpu[stage.name] = gpu
         self.now += self.seconds
         out_dir.mkdir(parents=True, exist_ok=True)
         if stage.name in self.fail:
             return stages.Outcome("failed", 1, "exit status 1: boom", ["stub"], ["boom"])
-        (out_dir / "run.json").write_text(json.dumps({"verdict": "VALID", "invalid_codes": []}))
+        if self.record:
+            (out_dir / "run.json").write_text(json.dumps({"verdict": "VALID", "invalid_codes": []}))
         return stages.Outcome("done", 0, "", ["stub"])
 
 
@@ -94,10 +101,10 @@ def test_a_stage_interrupted_by_a_killed_sitting_is_rerun(tmp_path):
         pass
 
     class KilledStub(Stub):
-        def __call__(self, stage, out_dir, timeout_s, options):
+        def __call__(self, stage, out_dir, timeout_s, options, *, gpu=None):
             if stage.harness == "memory_stock":
                 raise Killed                            # the 10-minute command ends mid-stage
-            return super().__call__(stage, out_dir, timeout_s, options)
+            return super().__call__(stage, out_dir, timeout_s, options, gpu=gpu)
 
     with pytest.raises(Killed):
         run(tmp_path, three(), KilledStub())
@@ -135,7 +142,7 @@ def test_budget_uses_what_done_stages_of_the_family_took(tmp_path):
 
 
 def test_stage_killed_by_the_sitting_budget_says_so(tmp_path):
-    def slow(stage, out_dir, timeout_s, options):
+    def slow(stage, out_dir, timeout_s, options, *, gpu=None):
         return stages.Outcome("failed", None, f"timed out after {timeout_s:.0f} s (killed)")
 
     state = stages.State.open(tmp_path, OPTIONS, resume=False)
@@ -151,15 +158,15 @@ def test_budget_of_nothing_left_runs_nothing_after_the_first(tmp_path):
 
 
 def test_skipped_stage_is_recorded_and_checked_again(tmp_path):
-    plan = [stages.Stage("w", "verify", 100.0), stages.Stage("w", "duplex", 100.0, skip="harness not here")]
+    plan = [stages.Stage("w", "verify", 100.0), stages.Stage("w", "duplex_cadence", 100.0, skip="harness not here")]
     stub = Stub()
     run(tmp_path, plan, stub)
-    assert on_disk(tmp_path)["w.duplex"] == {**on_disk(tmp_path)["w.duplex"], "status": "skipped",
-                                             "reason": "harness not here", "attempts": 0}
+    assert on_disk(tmp_path)["w.duplex_cadence"] == {**on_disk(tmp_path)["w.duplex_cadence"], "status": "skipped",
+                                                     "reason": "harness not here", "attempts": 0}
     later = Stub()                                  # the harness has arrived
-    run(tmp_path, [plan[0], stages.Stage("w", "duplex", 100.0)], later, resume=True)
-    assert [c[0] for c in later.calls] == ["w.duplex"]
-    assert on_disk(tmp_path)["w.duplex"]["status"] == "done"
+    run(tmp_path, [plan[0], stages.Stage("w", "duplex_cadence", 100.0)], later, resume=True)
+    assert [c[0] for c in later.calls] == ["w.duplex_cadence"]
+    assert on_disk(tmp_path)["w.duplex_cadence"]["status"] == "done"
 
 
 def test_state_open_rules(tmp_path):
@@ -179,9 +186,11 @@ def test_timeout_kills_the_stage_process(tmp_path, monkeypatch):
 @pytest.mark.parametrize("patterns, want", [
     pytest.param(["memory"], ["a.memory_stock", "a.memory_cadence", "b.memory_stock", "b.memory_cadence"],
                  id="family"),
-    pytest.param(["b.*"], ["b.verify", "b.memory_stock", "b.memory_cadence", "b.duplex"], id="glob"),
-    pytest.param(["a", "*.duplex"], ["a.verify", "a.memory_stock", "a.memory_cadence", "a.duplex", "b.duplex"],
-                 id="workload+glob"),
+    pytest.param(["b.*"], ["b.verify", "b.memory_stock", "b.memory_cadence", "b.duplex_stock", "b.duplex_cadence"],
+                 id="glob"),
+    pytest.param(["a", "duplex"], ["a.verify", "a.memory_stock", "a.memory_cadence", "a.duplex_stock",
+                                   "a.duplex_cadence", "b.duplex_stock", "b.duplex_cadence"], id="workload+family"),
+    pytest.param(["*.duplex_cadence"], ["a.duplex_cadence", "b.duplex_cadence"], id="one-mode"),
 ])
 def test_select(patterns, want):
     plan = [stages.Stage(w, h, 1.0) for w in "ab" for h in stages.HARNESSES]
@@ -195,8 +204,9 @@ def test_plan_of_the_registry_skips_what_cannot_run(monkeypatch):
 
     monkeypatch.setattr(stages, "harness_present", lambda module: False)
     plan = {s.name: s for s in stages.plan(workloads.names(), list(stages.HARNESSES), "cuda")}
-    assert len(plan) == 4 * len(workloads.names())
-    assert "suite.duplex is not present yet" in plan["minicpmo45.duplex"].skip
+    assert len(plan) == len(stages.HARNESSES) * len(workloads.names())
+    assert "suite.duplex is not importable here" in plan["minicpmo45.duplex_stock"].skip
+    assert "suite.duplex is not importable here" in plan["minicpmo45.duplex_cadence"].skip
     assert plan["minicpmo45.verify"].skip is None and plan["moshi.memory_cadence"].skip is None
     assert plan["minicpmo45.verify"].budget_s == stages.BUDGET_S["cuda"]["verify"]
     adapter = sys.modules["duplexcadence.adapters.flow_hift"]
@@ -204,6 +214,256 @@ def test_plan_of_the_registry_skips_what_cannot_run(monkeypatch):
         assert all("'stepaudio2' variant" in (plan[f"stepaudio2_mini.{h}"].skip or "") for h in stages.HARNESSES)
     with pytest.raises(ValueError, match="harness"):
         stages.plan(["moshi"], ["speed"], "cuda")
+
+
+@pytest.mark.parametrize("workload_name, mode, sessions, policy", [
+    pytest.param("minicpmo45", "cadence", "1,24,32", "threads", id="minicpmo45-cadence"),
+    pytest.param("minicpmo45", "stock", "1,2,3,4", "edf", id="minicpmo45-stock"),
+    pytest.param("minicpmo45_5step", "stock", "1,2,4,6", "edf", id="5step-stock"),
+    pytest.param("moshi", "cadence", "1,16,32,48", None, id="moshi-cadence"),
+    pytest.param("qwen3_omni", "stock", "1,2,4", None, id="default-stock"),
+    pytest.param("qwen3_omni", "cadence", "1,2,4,8", None, id="default-cadence"),
+])
+def test_duplex_stage_runs_one_mode_with_its_counts(workload_name, mode, sessions, policy):
+    argv = stages.stage_argv(stages.Stage(workload_name, f"duplex_{mode}", 560.0), Path("out"),
+                             {**OPTIONS, "device": "cuda"})
+    assert argv[0] == "suite.duplex" and argv[argv.index("--modes") + 1] == mode
+    assert argv[argv.index("--sessions") + 1] == sessions and "--stock-sessions" not in argv
+    assert (argv[argv.index("--policy") + 1] if "--policy" in argv else None) == policy
+    from suite import duplex
+    args = duplex.build_parser().parse_args(argv[1:])          # the harness accepts what the stage passes
+    assert args.modes == [mode] and args.seconds == 60 and args.after_miss == 0
+
+
+def test_duplex_counts_fit_the_stage_budget():
+    """The H200 timings of stages.DUPLEX_SESSIONS' comment (results/2026-11-30-h200-duplex-60s*): model
+    ~20 s, 60 s per count; MiniCPM-o DuplexCadence ~9 s warm-up per pooled session (max count built),
+    Moshi DuplexCadence ~1 s per session built per run, stock ~2 s per session per run. With a 10% margin:
+    the old cadence counts 1,16,24,32 (~550 s) ran out of their limit at 32 in 60s-b."""
+    budget = stages.BUDGET_S["cuda"]["duplex_cadence"]
+    assert budget == stages.BUDGET_S["cuda"]["duplex_stock"] == 560 < 600     # one sitting: a 600 s command
+    for mode, per_workload in stages.DUPLEX_SESSIONS.items():
+        for name, argv in per_workload.items():
+            counts = [int(n) for n in argv[argv.index("--sessions") + 1].split(",")]
+            if mode == "cadence" and name.startswith("minicpmo45"):
+                build = 9.0 * max(counts)
+            else:
+                build = (1.0 if mode == "cadence" else 2.0) * sum(counts)
+            assert 20 + 60 * len(counts) + build <= 0.9 * budget, (mode, name, counts)
+
+
+# --- several GPUs of one host (--gpus) ---------------------------------------------------------------
+FAKE_STAGE = """import json, os, sys, time
+t0 = time.time()
+time.sleep(float(sys.argv[2]))
+with open(os.path.join(sys.argv[1], "seen.json"), "w") as fh:
+    json.dump({"cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": t0, "end": time.time()}, fh)
+"""
+
+
+@pytest.fixture
+def fake_stage_process(tmp_path, monkeypatch):
+    """subprocess_executor runs `python -m fake_stage <out dir> <sleep s>`: it writes what it saw to seen.json."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "fake_stage.py").write_text(FAKE_STAGE)
+    monkeypatch.setenv("PYTHONPATH", str(mods))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(stages, "stage_argv", lambda stage, out_dir, options: ["fake_stage", str(out_dir), "1.0"])
+
+    def seen(run_dir: Path, name: str) -> dict:
+        return json.loads((run_dir / name / "seen.json").read_text())
+    return seen
+
+
+def test_two_stages_run_at_once_each_on_its_gpu(tmp_path, fake_stage_process):
+    """Real child processes: a and b overlap, each sees only its GPU; c waits for the first free one."""
+    run_dir = tmp_path / "run"
+    state = stages.State.open(run_dir, OPTIONS, resume=False)
+    plan = [stages.Stage(w, "verify", 60.0) for w in "abc"]
+    sitting = stages.run_plan(plan, state, OPTIONS, gpus=[0, 1], log=lambda *_: None)
+    a, b, c = (fake_stage_process(run_dir, f"{w}.verify") for w in "abc")
+    assert max(a["start"], b["start"]) < min(a["end"], b["end"])            # at the same time
+    assert c["start"] >= min(a["end"], b["end"])                            # two GPUs: two at a time
+    disk = on_disk(run_dir)
+    assert (a["cvd"], b["cvd"]) == ("0", "1") and (disk["a.verify"]["gpu"], disk["b.verify"]["gpu"]) == (0, 1)
+    assert c["cvd"] == str(disk["c.verify"]["gpu"]) and all(v["status"] == "done" for v in disk.values())
+    assert (run_dir / "b.verify" / "log.txt").read_text().splitlines()[0] == \
+        "# stage b.verify on GPU 1 (CUDA_VISIBLE_DEVICES=1)"
+    assert sitting["gpus"] == [0, 1] and sorted(sitting["ran"]) == ["a.verify", "b.verify", "c.verify"]
+
+    seq = tmp_path / "seq"                                                  # no --gpus: as before, unpinned
+    stages.run_plan(plan[:1], stages.State.open(seq, OPTIONS, resume=False), OPTIONS, log=lambda *_: None)
+    assert fake_stage_process(seq, "a.verify")["cvd"] is None and on_disk(seq)["a.verify"]["gpu"] is None
+    assert not (seq / "a.verify" / "log.txt").read_text().startswith("# stage")
+
+
+def test_visible_device_maps_through_our_own_cuda_visible_devices(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert stages.visible_device(1) == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")                       # this process sees physical 3 and 5
+    assert stages.visible_device(1) == "5"
+    with pytest.raises(ValueError, match="shows 2 GPU"):
+        stages.visible_device(2)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_budget_stop_with_a_stage_in_flight(tmp_path):
+    """a holds GPU 0 until the sitting has stopped; b takes 90 s on GPU 1; c then finds 60 s of 150 left,
+    less than the 100 s it needs: c and d stay pending, a still ends and is recorded."""
+    clock, release, calls, at_stop = FakeClock(), threading.Event(), [], {}
+
+    def execute(stage, out_dir, timeout_s, options, *, gpu=None):
+        calls.append((stage.name, timeout_s, gpu))
+        if stage.workload == "a":
+            assert release.wait(10), "the sitting never stopped while a ran"
+            clock.now += 5.0
+        else:
+            clock.now += 90.0
+        return stages.Outcome("done", 0, "", ["stub"])
+
+    def log(message: str) -> None:
+        if message.startswith("stop:"):
+            at_stop.update(on_disk(tmp_path))
+            release.set()
+
+    state = stages.State.open(tmp_path, OPTIONS, resume=False)
+    plan = [stages.Stage(w, "verify", 100.0) for w in "abcd"]
+    sitting = stages.run_plan(plan, state, OPTIONS, budget_s=150.0, execute=execute, clock=clock, log=log,
+                              gpus=[0, 1])
+    assert sorted(calls) == [("a.verify", 100.0, 0), ("b.verify", 100.0, 1)]
+    assert (at_stop["a.verify"]["status"], at_stop["b.verify"]["status"]) == ("running", "done")
+    assert sitting["stopped"].startswith("budget: 60 s of --budget-s 150 left before c.verify, which is "
+                                         "expected to need 100 s")
+    disk = on_disk(tmp_path)
+    assert [disk[f"{w}.verify"]["status"] for w in "abcd"] == ["done", "done", "pending", "pending"]
+    assert disk["a.verify"]["seconds"] == 95.0 and sitting["ran"] == ["b.verify", "a.verify"]
+    assert "ended_utc" in sitting
+
+
+def test_a_killed_parallel_sitting_is_resumed(tmp_path):
+    """The command is killed with two stages in flight: both stay `running` on disk, become failed
+    (interrupted) when the run folder is opened again, and rerun, here on another set of GPUs."""
+    class Killed(Exception):
+        pass
+
+    go = threading.Event()
+
+    def execute(stage, out_dir, timeout_s, options, *, gpu=None):
+        go.wait(5)
+        return stages.Outcome("done", 0, "", ["stub"])
+
+    def log(message: str) -> None:
+        if message.startswith("stage b.verify: start"):
+            go.set()
+            raise Killed
+
+    plan = [stages.Stage(w, "verify", 100.0) for w in "abc"]
+    with pytest.raises(Killed):
+        stages.run_plan(plan, stages.State.open(tmp_path, OPTIONS, resume=False), OPTIONS, execute=execute,
+                        log=log, gpus=[0, 1])
+    disk = on_disk(tmp_path)
+    assert {k: (v["status"], v["gpu"]) for k, v in disk.items()} == {"a.verify": ("running", 0),
+                                                                     "b.verify": ("running", 1)}
+    opened = stages.State.open(tmp_path, OPTIONS, resume=True)
+    assert all((opened.stages[f"{w}.verify"].status, opened.stages[f"{w}.verify"].reason) ==
+               ("failed", "interrupted: the sitting ended while this stage ran") for w in "ab")
+    again = Stub()
+    state, _ = run(tmp_path, plan, again, resume=True)          # run() has no gpus: a sitting on one GPU
+    assert [c[0] for c in again.calls] == ["a.verify", "b.verify", "c.verify"]
+    assert [state.stages[f"{w}.verify"].attempts for w in "abc"] == [2, 2, 1]
+    assert all(state.stages[f"{w}.verify"].gpu is None for w in "abc")
+    disk = on_disk(tmp_path)
+    assert all(v["status"] == "done" for v in disk.values())
+
+
+def test_state_saves_one_at_a_time(tmp_path, monkeypatch):
+    """Saves from several threads never overlap (each writes the one .tmp file, then renames it)."""
+    inside, peak, real = [0], [0], os.replace
+
+    def slow_replace(src, dst):
+        inside[0] += 1
+        peak[0] = max(peak[0], inside[0])
+        time.sleep(0.02)
+        inside[0] -= 1
+        real(src, dst)
+
+    monkeypatch.setattr(stages.os, "replace", slow_replace)
+    state = stages.State.open(tmp_path, OPTIONS, resume=False)
+    threads = [threading.Thread(target=state.save) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 1 and json.loads((tmp_path / "stages.json").read_text())["schema"] == stages.SCHEMA
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """suite.reproduce believes it is on a host with 2 CUDA GPUs (no CUDA is touched: stub executors)."""
+    monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(reproduce.torch.cuda, "device_count", lambda: 2)
+
+
+def test_gpus_is_not_a_recorded_option(fake_registry, clean_tree, two_gpus, tmp_path):  # noqa: F811
+    """A run started on two GPUs resumes on none (and the reverse would too): --gpus is the sitting's."""
+    run_dir = tmp_path / "run"
+    args = ["--device", "cuda", "--workload", "fake", "--stages", "verify,memory", "--run-dir", str(run_dir)]
+    first = Stub(fail={"fake.memory_cadence"}, record=False)
+    assert reproduce.main([*args, "--gpus", "0,1"], execute=first) == 1
+    data = json.loads((run_dir / "stages.json").read_text())
+    assert "gpus" not in data["options"] and data["options"]["device"] == "cuda"
+    assert data["sittings"][0]["gpus"] == [0, 1]
+    gpus = {k: v["gpu"] for k, v in data["stages"].items()}
+    assert set(gpus.values()) <= {0, 1} and first.gpu == gpus                 # what each executor call was given
+    assert ", GPUs 0,1, git" in _section((run_dir / "REPORT.md").read_text(), "Provenance")
+    again = Stub(record=False)
+    assert reproduce.main([*args, "--resume"], execute=again) == 0
+    assert [c[0] for c in again.calls] == ["fake.memory_cadence"]
+    data = json.loads((run_dir / "stages.json").read_text())
+    assert data["stages"]["fake.memory_cadence"]["gpu"] is None and data["sittings"][1]["gpus"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["--gpus", "a"], "--gpus 'a': expected comma-separated GPU indices", id="not-int"),
+    pytest.param(["--gpus=-1"], "--gpus '-1': expected comma-separated GPU indices", id="negative"),
+    pytest.param(["--gpus", "0,,1"], "--gpus '0,,1': expected comma-separated GPU indices", id="empty-item"),
+    pytest.param(["--gpus", "1.5"], "--gpus '1.5': expected comma-separated GPU indices", id="float"),
+    pytest.param(["--gpus", "0,1,0"], "--gpus '0,1,0': expected each GPU once", id="repeat"),
+    pytest.param(["--gpus", "0,2"], "--gpus 0,2: GPU 2 is not there; this process sees 2 GPU(s)", id="absent"),
+    pytest.param(["--gpus", "0", "--device", "cuda:1"], "--gpus 0 with --device cuda:1", id="cuda-index"),
+])
+def test_bad_gpus_is_a_one_line_error(two_gpus, args, message, capsys):
+    assert reproduce.main(["--device", "cuda", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_gpus_on_cpu_is_an_error(capsys):
+    assert reproduce.main(["--device", "cpu", "--gpus", "0"]) == 2
+    assert capsys.readouterr().err == ("error: --gpus 0: the device is cpu; --gpus pins stages to CUDA GPUs "
+                                       "(--device cuda)\n")
+
+
+def test_device_facts_of_a_pinned_stage_are_its_gpus(monkeypatch):
+    """Under CUDA_VISIBLE_DEVICES the process's cuda:0 is not nvidia-smi's GPU 0: facts are asked by UUID."""
+    from suite import env
+
+    props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=2**37,
+                                  multi_processor_count=132, uuid="1234-abcd")
+    asked = []
+    monkeypatch.setattr(env.torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(env.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(env, "nvidia_smi", lambda index: asked.append(index) or {"driver": "x"})
+    info = env.device_info("cuda")
+    assert asked == ["GPU-1234-abcd"] and info["gpu_uuid"] == "GPU-1234-abcd" and info["driver"] == "x"
 
 
 # --- merged report ---------------------------------------------------------------------------------------
@@ -216,16 +476,27 @@ def fake_registry(monkeypatch, fake_adapter):  # noqa: F811
     return registry
 
 
-def _duplex_executor(stage, out_dir, timeout_s, options):
-    """Stands in for suite.duplex: writes the figures suite.claims reads."""
-    if stage.harness != "duplex":
-        return stages.inline_executor(stage, out_dir, timeout_s, options)
+#: One-session mean and p99 SPEAK time / period, miss rate, max zero-miss sessions, per mode.
+DUPLEX_FIGURES = {"stock": (1.132, 1.30, 0.61, 3), "cadence": (0.585, 0.80, 0.0, 25)}
+
+
+def duplex_part(workload_name: str, mode: str, hashes=("u0", "u1", "u2")) -> dict:
+    """A suite.duplex record of one mode (test_duplex_merge.part) carrying DUPLEX_FIGURES."""
+    rec = part(mode, hashes)
+    w = rec["workloads"].pop(MERGE_WL)
+    frac, p99, misses, best = DUPLEX_FIGURES[mode]
+    w["modes"][mode]["runs"][0]["metrics"].update(speak_frac_mean=frac, speak_frac_p99=p99, miss_rate=misses)
+    w["modes"][mode]["max_zero_miss_sessions"] = best
+    rec["workloads"][workload_name] = {**w, "workload": workload_name}
+    return rec
+
+
+def _duplex_executor(stage, out_dir, timeout_s, options, *, gpu=None):
+    """Stands in for `suite.duplex --modes <the stage's mode>`: writes that mode's record."""
+    if stages.family(stage.harness) != "duplex":
+        return stages.inline_executor(stage, out_dir, timeout_s, options, gpu=gpu)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "duplex.json").write_text(json.dumps({"modes": {
-        "stock": {"speak_vs_period_pct_mean": 13.2, "speak_vs_period_pct_p99": 30.0, "miss_rate": 0.61,
-                  "max_sessions_zero_miss": 3},
-        "cadence": {"speak_vs_period_pct_mean": -41.5, "speak_vs_period_pct_p99": -20.0, "miss_rate": 0.0,
-                    "max_sessions_zero_miss": 25}}}))
+    (out_dir / "duplex.json").write_text(json.dumps(duplex_part(stage.workload, stage.mode)))
     return stages.Outcome("done", 0, "", ["duplex stub"])
 
 
@@ -246,7 +517,7 @@ def test_stage_outputs_merge_into_one_report(fake_registry, clean_tree, tmp_path
     state = stages.State.open(run_dir, OPTIONS, resume=False)
     plan = [stages.Stage("fake", h, 100.0) for h in stages.HARNESSES]
     stages.run_plan(plan, state, OPTIONS, execute=_duplex_executor, log=lambda *_: None)
-    assert state.counts() == {"done": 4, "failed": 0, "skipped": 0, "pending": 0, "running": 0}
+    assert state.counts() == {"done": 5, "failed": 0, "skipped": 0, "pending": 0, "running": 0}
     _as_minicpmo(run_dir)
     text = claims.write(run_dir).read_text()
     assert text.count("# DuplexCadence reproduction") == 1 and "**Complete**" in text
@@ -266,7 +537,10 @@ def test_stage_outputs_merge_into_one_report(fake_registry, clean_tree, tmp_path
     stock_mem = json.loads((run_dir / "fake.memory_stock" / "run.json").read_text())["modes"]["stock"]["memory"]
     assert report._f(stock_mem["peak_over_idle_rss_mib"]) in _section(text, "Peak memory")
     speak = _section(text, "SPEAK time against the 1 s cadence")
-    assert "+13.2%" in speak and "-41.5%" in speak and "duplex (duplex.json)" in speak
+    # the two per-mode stages' records joined into one row (suite.duplex_merge.merge)
+    assert "+13.2%" in speak and "-41.5%" in speak and "+30.0% / -20.0%" in speak
+    assert "duplex (fake.duplex_stock/duplex.json, fake.duplex_cadence/duplex.json)" in speak
+    assert "one session alone, cadence == stock: yes" in speak
     assert "| 3 " in _section(text, "Sessions per GPU") and "8.3x" in _section(text, "Sessions per GPU")
     assert "| 36 " in _section(text, "Bitwise equality")          # 3 turns x 12 SPEAK units, all compared
     assert (run_dir / "speedup.png").stat().st_size > 0 and "![memory.png](memory.png)" in text
@@ -279,11 +553,13 @@ def test_stage_outputs_merge_into_one_report(fake_registry, clean_tree, tmp_path
 def test_unfinished_run_report_says_what_is_missing(fake_registry, clean_tree, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
     state = stages.State.open(run_dir, OPTIONS, resume=False)
-    plan = [stages.Stage("fake", "verify", 100.0),
-            stages.Stage("fake", "duplex", 100.0, skip="harness suite.duplex is not present yet")]
+    plan = [stages.Stage("fake", "verify", 100.0)] + [
+        stages.Stage("fake", h, 100.0, skip="harness suite.duplex is not importable here")
+        for h in ("duplex_stock", "duplex_cadence")]
     stages.run_plan(plan, state, OPTIONS, execute=stages.inline_executor, log=lambda *_: None)
     text = claims.write(run_dir).read_text()
-    assert "not measured (skipped: harness suite.duplex is not present yet)" in _section(text, "Sessions per GPU")
+    assert ("not measured (duplex: skipped: harness suite.duplex is not importable here)"
+            in _section(text, "Sessions per GPU"))
     assert "tail only, p50, no AR stage (verify)" in _section(text, "SPEAK time against the 1 s cadence")
     assert "one process, both modes (verify)" in _section(text, "Peak memory")
 
@@ -355,17 +631,90 @@ def test_stage_run_bad_input():
     assert stage_run.main(["verify", "--workload", "nosuch", "--device", "cpu", "--out", "x"]) == 2
 
 
+def _done_duplex_stages(run_dir: Path, records: dict) -> dict:
+    """stages.json with done stages `w.<harness>` whose folders hold the given duplex.json records;
+    returns workload w's claims entries (claims.load)."""
+    data = {"schema": stages.SCHEMA, "options": OPTIONS, "sittings": [], "stages": {}}
+    for harness, rec in records.items():
+        (run_dir / f"w.{harness}").mkdir(parents=True)
+        (run_dir / f"w.{harness}" / "duplex.json").write_text(json.dumps(rec))
+        data["stages"][f"w.{harness}"] = {"workload": "w", "harness": harness, "status": "done"}
+    (run_dir / "stages.json").write_text(json.dumps(data))
+    return claims.load(run_dir)["workloads"]["w"]
+
+
 def test_duplex_json_of_the_harness_gives_the_claim_figures(tmp_path):
     """suite.duplex writes duplex.json (schema duplexcadence.duplex/1); the claims read the one-session
-    run's mean / p99 SPEAK time as % over the cadence, its miss rate, and the zero-miss session count."""
+    run's mean / p99 SPEAK time as % over the cadence, its miss rate, and the zero-miss session count.
+    Here from a legacy both-mode `duplex` stage, which an older run folder may hold."""
     runs = lambda frac, p99, misses, best: {"max_zero_miss_sessions": best, "runs": [  # noqa: E731
         {"sessions": 1, "metrics": {"speak_frac_mean": frac, "speak_frac_p99": p99, "miss_rate": misses}},
         {"sessions": 8, "metrics": {"speak_frac_mean": 2.0, "speak_frac_p99": 3.0, "miss_rate": 0.5}}]}
-    (tmp_path / "duplex.json").write_text(json.dumps({
-        "schema": "duplexcadence.duplex/1", "parameters": {"seconds": 60},
-        "workloads": {"w": {"ar": {"kind": "none"}, "modes": {"stock": runs(1.14, 1.3, 0.4, 0),
-                                                              "cadence": runs(0.1, 0.2, 0.0, 12)}}}}))
-    d = claims._duplex_figures(tmp_path)
+    legacy = {"schema": "duplexcadence.duplex/1", "parameters": {"seconds": 60},
+              "workloads": {"w": {"ar": {"kind": "none"}, "modes": {"stock": runs(1.14, 1.3, 0.4, 0),
+                                                                    "cadence": runs(0.1, 0.2, 0.0, 12)}}}}
+    d = claims.duplex_figures(_done_duplex_stages(tmp_path, {"duplex": legacy}), "w")
     assert d["modes"]["stock"]["speak_vs_period_pct_mean"] == pytest.approx(14.0)
     assert d["modes"]["cadence"]["speak_vs_period_pct_p99"] == pytest.approx(-80.0)
     assert d["modes"]["stock"]["miss_rate"] == 0.4 and d["modes"]["cadence"]["max_sessions_zero_miss"] == 12
+    assert d["files"] == ["w.duplex/duplex.json"]
+
+
+def test_per_mode_duplex_records_are_joined_by_duplex_merge(tmp_path):
+    """Both per-mode stages done: one set of figures, stock == cadence recomputed by suite.duplex_merge;
+    a differing unit of the one-session runs shows as NO."""
+    d = claims.duplex_figures(_done_duplex_stages(tmp_path / "same", {
+        "duplex_stock": duplex_part("w", "stock"), "duplex_cadence": duplex_part("w", "cadence")}), "w")
+    assert set(d["modes"]) == {"stock", "cadence"} and d["cadence_equals_stock"] is True
+    assert d["modes"]["cadence"]["max_sessions_zero_miss"] == 25 and d["verdict"] == "VALID"
+    d = claims.duplex_figures(_done_duplex_stages(tmp_path / "differ", {
+        "duplex_stock": duplex_part("w", "stock"), "duplex_cadence": duplex_part("w", "cadence", ("u0", "X", "u2"))}),
+        "w")
+    assert d["cadence_equals_stock"] is False and d["verdict"] == "INVALID"
+
+
+def test_one_duplex_mode_done_is_shown_and_the_other_said_pending(tmp_path):
+    """The sitting's budget ends after duplex_stock: the report has stock's figures, and says cadence is pending."""
+    class DuplexStub(Stub):
+        def __call__(self, stage, out_dir, timeout_s, options, *, gpu=None):
+            self.calls.append((stage.name, timeout_s))
+            self.now += self.seconds
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "duplex.json").write_text(json.dumps(duplex_part(stage.workload, stage.mode)))
+            return stages.Outcome("done", 0, "", ["duplex stub"])
+
+    stub = DuplexStub(seconds=500.0)
+    plan = [stages.Stage("w", h, 560.0) for h in ("duplex_stock", "duplex_cadence")]
+    state, sitting = run(tmp_path, plan, stub, budget_s=580.0)
+    assert [c[0] for c in stub.calls] == ["w.duplex_stock"] and sitting["stopped"]
+    text = claims.write(tmp_path).read_text()
+    speak, sessions = _section(text, "SPEAK time against the 1 s cadence"), _section(text, "Sessions per GPU")
+    row = next(line for line in speak.splitlines() if line.startswith("| w "))
+    assert "+13.2%" in row and "duplex (w.duplex_stock/duplex.json); cadence: pending: not run yet: budget" in row
+    row = next(line for line in sessions.splitlines() if line.startswith("| w "))
+    assert "| 3 " in row and "cadence: pending" in row and "cadence == stock" not in row
+
+
+def test_a_legacy_duplex_entry_is_left_alone_and_listed(fake_registry, clean_tree, tmp_path, capsys):  # noqa: F811
+    """A stages.json of the single `duplex` harness (before the per-mode split): resume neither crashes
+    nor runs or rewrites it; --list and the report name it; it is not counted."""
+    run_dir = tmp_path / "run"
+    args = ["--device", "cpu", "--workload", "fake", "--run-dir", str(run_dir), "--stages", "verify"]
+    stub = Stub(record=False)
+    assert reproduce.main(args, execute=stub) == 0
+    data = json.loads((run_dir / "stages.json").read_text())
+    old = {"workload": "fake", "harness": "duplex", "status": "running", "reason": "", "attempts": 1}
+    data["stages"]["fake.duplex"] = old                        # as a sitting killed in an old version left it
+    (run_dir / "stages.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert reproduce.main([*args, "--resume", "--list"], execute=stub) == 0
+    assert re.search(r"fake\.duplex +\S+ +legacy: harness 'duplex' is not run by this version", capsys.readouterr().out)
+    assert reproduce.main([*args, "--resume"], execute=stub) == 0
+    assert [c[0] for c in stub.calls] == ["fake.verify"]        # kept on resume; the legacy entry never runs
+    disk = on_disk(run_dir)["fake.duplex"]
+    assert {k: disk[k] for k in ("harness", "attempts")} == {"harness": "duplex", "attempts": 1}
+    state = stages.State.open(run_dir, json.loads((run_dir / "stages.json").read_text())["options"], resume=True)
+    assert list(state.legacy()) == ["fake.duplex"] and state.counts()["failed"] == 0
+    text = (run_dir / "REPORT.md").read_text()
+    assert "**Complete**" in text and "1 legacy entries" in text
+    assert "legacy (a harness this version does not run" in _section(text, "Stages")
