@@ -4,7 +4,9 @@
 #                   stages.json, one folder per stage and one merged REPORT.md (CPU default: minicpmo45 verify, 4 units)
 # `make test`       the test suite (CPU; GPU-only tests skip with the reason)
 # `make bench`      pytest-benchmark microbenchmarks of the runtime's parts
-# `make asv`        asv benchmarks against the current environment, kept under results/asv (history accumulates)
+# `make asv`        asv benchmarks against the current environment, kept under results/asv (history accumulates);
+#                   ASV_MACHINE=h200 names the machine (default: asv's, from the hostname, which a lent GPU host
+#                   changes on every loan)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -55,8 +57,8 @@ bench: setup
 
 asv: setup
 	$(PY) -m pip install -q $(PIP_OFFLINE) "asv>=0.6"
-	$(VENV)/bin/asv machine --yes
-	$(VENV)/bin/asv run --environment existing:$(PY) --set-commit-hash $${DUPLEXCADENCE_GIT_REV:-$$(git rev-parse HEAD)} $(ARGS)
+	$(VENV)/bin/asv machine --yes $(if $(ASV_MACHINE),--machine $(ASV_MACHINE),)
+	$(VENV)/bin/asv run --environment existing:$(PY) --set-commit-hash $${DUPLEXCADENCE_GIT_REV:-$$(git rev-parse HEAD)} $(if $(ASV_MACHINE),--machine $(ASV_MACHINE),) $(ARGS)
 	$(VENV)/bin/asv publish
 
 clean:

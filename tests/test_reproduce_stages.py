@@ -217,7 +217,7 @@ def test_plan_of_the_registry_skips_what_cannot_run(monkeypatch):
 
 
 @pytest.mark.parametrize("workload_name, mode, sessions, policy", [
-    pytest.param("minicpmo45", "cadence", "1,24,32", "threads", id="minicpmo45-cadence"),
+    pytest.param("minicpmo45", "cadence", "1,24,26", "threads", id="minicpmo45-cadence"),
     pytest.param("minicpmo45", "stock", "1,2,3,4", "edf", id="minicpmo45-stock"),
     pytest.param("minicpmo45_5step", "stock", "1,2,4,6", "edf", id="5step-stock"),
     pytest.param("moshi", "cadence", "1,16,32,48", None, id="moshi-cadence"),
