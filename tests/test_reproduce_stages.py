@@ -621,6 +621,42 @@ def test_stage_outputs_merge_into_one_report(fake_registry, clean_tree, tmp_path
     assert report.rebuild(run_dir) == run_dir / "REPORT.md"        # make report on a staged folder
 
 
+def test_report_marks_figures_timed_beside_another_stage(fake_registry, clean_tree, tmp_path):  # noqa: F811
+    """The speed and duplex rows say which stages ran at the same time: from the recorded `overlapped`, or,
+    in a stages.json without it (an older version's), from the recorded times; memory is not marked."""
+    run_dir = tmp_path / "run"
+    plan = [stages.Stage("fake", h, 100.0) for h in ("verify", "memory_stock", "duplex_stock", "duplex_cadence")]
+    stages.run_plan(plan, stages.State.open(run_dir, OPTIONS, resume=False), OPTIONS, execute=_duplex_executor,
+                    log=lambda *_: None)
+    text = claims.write(run_dir).read_text()                       # one at a time: each recorded alone
+    assert "timed beside" not in text and claims.TIMED_NOTE not in text
+    assert re.search(r"\| alone +\|$", next(line for line in _section(text, "Speedup").splitlines()
+                                            if line.startswith("| fake")))
+
+    data = json.loads((run_dir / "stages.json").read_text())       # as the first H200 sitting of --gpus 0,1
+    for name, gpu, start, end in [("verify", 0, "00:00", "01:00"), ("memory_stock", 1, "00:30", "01:30"),
+                                  ("duplex_stock", 0, "02:00", "03:00"), ("duplex_cadence", 0, "03:00", "04:00")]:
+        st = data["stages"][f"fake.{name}"]
+        del st["overlapped"]                                       # written before the field
+        st.update(gpu=gpu, started_utc=f"2026-11-30T10:{start}+00:00", ended_utc=f"2026-11-30T10:{end}+00:00")
+    (run_dir / "stages.json").write_text(json.dumps(data))
+    assert stages.State.open(run_dir, OPTIONS, resume=True).stages["fake.verify"].overlapped is None
+    text = claims.write(run_dir).read_text()
+    speed = next(line for line in _section(text, "Speedup").splitlines() if line.startswith("| fake"))
+    assert "| timed beside fake.memory_stock on another GPU " in speed and claims.TIMED_NOTE in text
+    for title in ("SPEAK time against the 1 s cadence", "Sessions per GPU", "Peak memory", "Bitwise equality"):
+        assert "timed beside" not in _section(text, title), title
+    assert re.search(r"\| fake\.memory_stock .*\| fake\.verify +\|", _section(text, "Stages"))
+
+    data["stages"]["fake.duplex_cadence"]["overlapped"] = ["fake.memory_stock"]   # recorded: it wins
+    (run_dir / "stages.json").write_text(json.dumps(data))
+    text = claims.write(run_dir).read_text()
+    for title in ("SPEAK time against the 1 s cadence", "Sessions per GPU"):
+        row = next(line for line in _section(text, title).splitlines() if line.startswith("| fake"))
+        assert "; duplex_cadence timed beside fake.memory_stock on another GPU" in row, title
+        assert "duplex_stock timed" not in row, title
+
+
 def test_unfinished_run_report_says_what_is_missing(fake_registry, clean_tree, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
     state = stages.State.open(run_dir, OPTIONS, resume=False)
