@@ -13,6 +13,12 @@ per-session increment, SPEAK time vs the 1 s cadence and sessions per GPU (the `
 status while only one is done; tail-only figures from verify while neither is, labelled), bitwise
 equality. Times in ms, memory in MiB.
 
+Timed alone or not: a speed (verify) or duplex figure whose stage ran while another stage ran (on the
+host's other GPU, `--gpus`) is marked in its row, "timed beside <stages> on another GPU": the stage's
+recorded `overlapped`, or for a stages.json written before that field, the same derived from the stages'
+recorded started_utc / ended_utc (`suite.stages.overlapping`). The cadence tail is host-bound and runs
+slower beside another stage (suite.stages.TIMED_HARNESSES); memory figures are per GPU and not marked.
+
 Noise: the band of a speedup is [stock p10 / cadence p90, stock p90 / cadence p10] over the measured
 units of one run. `--compare REF` puts a reference run's ratios beside ours and says whether ours lies in
 the reference's band ("within the noise the reference reports").
@@ -26,10 +32,15 @@ import numpy as np
 
 from suite.duplex_merge import merge as merge_duplex
 from suite.report import DASH, PUBLISHED, _f, _table
-from suite.stages import HARNESSES, family
+from suite.stages import HARNESSES, TIMED_HARNESSES, family, overlapping
 
 FLOW_HIFT = "flow_hift"        # the architecture the published figures were measured on (MiniCPM-o 4.5)
 PLOTS = ("speedup.png", "memory.png", "tail_per_unit.png")
+#: Under the speedup table when a speed or duplex figure was timed beside another stage.
+TIMED_NOTE = ("A figure marked \"timed beside\" comes from a stage that ran while other stages ran (stages.json's "
+              "started_utc / ended_utc): the cadence tail is host-bound (kernel launches, Python) and runs slower "
+              "beside a stage on the host's other GPU (suite.stages.TIMED_HARNESSES gives the H200 figures); "
+              "`suite.reproduce --gpus` now runs these stages alone.")
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -41,8 +52,9 @@ def _json(path: Path) -> dict | None:
 
 
 def load(run_dir: str | Path) -> dict:
-    """{"state": stages.json, "workloads": {name: {harness: {"state", "record", "duplex"}}}}; "duplex": a done
-    duplex stage's {"file" (relative to the run dir), "record"} (`_duplex_record`).
+    """{"state": stages.json, "workloads": {name: {harness: {"state", "record", "duplex", "timed"}}}}; "duplex":
+    a done duplex stage's {"file" (relative to the run dir), "record"} (`_duplex_record`); "timed": how its
+    last attempt was timed (`timed_beside`).
     Raises FileNotFoundError naming the missing stages.json."""
     run_dir = Path(run_dir)
     state = _json(run_dir / "stages.json")
@@ -52,13 +64,43 @@ def load(run_dir: str | Path) -> dict:
     out: dict = {}
     for name, st in state.get("stages", {}).items():
         folder = run_dir / (st.get("dir") or name)
-        entry = {"state": st, "record": None, "duplex": None}
+        entry = {"state": st, "record": None, "duplex": None, "timed": timed_beside(name, state["stages"])}
         if st.get("status") == "done":
             entry["record"] = _json(folder / "run.json")
             if family(st["harness"]) == "duplex":           # duplex_stock, duplex_cadence, legacy duplex
                 entry["duplex"] = _duplex_record(folder, run_dir)
         out.setdefault(st["workload"], {})[st["harness"]] = entry
     return {"state": state, "workloads": out, "run_dir": run_dir}
+
+
+def beside(name: str, stages: dict) -> list[str]:
+    """The stages that ran at the same time as stage `name`'s last attempt: its recorded `overlapped`, or,
+    where stages.json has none (written before the field, or the stage has not ended), derived from the
+    recorded started_utc / ended_utc (`suite.stages.overlapping`)."""
+    recorded = stages[name].get("overlapped")
+    return list(recorded) if recorded is not None else overlapping(name, stages)
+
+
+def timed_beside(name: str, stages: dict) -> str | None:
+    """How stage `name` was timed: None when it never started (no started_utc), "" when it ran alone, else
+    "timed beside A, B" plus " on another GPU" when each of them had a --gpus index other than its own."""
+    st = stages[name]
+    if not st.get("started_utc"):
+        return None
+    names = beside(name, stages)
+    if not names:
+        return ""
+    gpus = {(stages.get(n) or {}).get("gpu") for n in names}
+    other = st.get("gpu") is not None and None not in gpus and st["gpu"] not in gpus
+    return f"timed beside {', '.join(names)}" + (" on another GPU" if other else "")
+
+
+def _timed_note(entries: dict, harnesses, sep: str | None = None) -> str:
+    """'; <harness> timed beside ...' for each of these stages that ran beside another ('' if none did);
+    sep given: '<sep>timed beside ...' (one harness, named already)."""
+    harnesses = [harnesses] if isinstance(harnesses, str) else harnesses
+    return "".join((f"; {h} " if sep is None else sep) + e["timed"]
+                   for h in harnesses if (e := entries.get(h)) and e.get("timed"))
 
 
 def _duplex_record(folder: Path, run_dir: Path) -> dict | None:
@@ -217,8 +259,9 @@ def speedup_table(data: dict) -> str:
         steps = (rec or {}).get("parameters", {}).get("euler_steps")
         if sp is None:
             rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"), DASH, DASH,
-                         f"not measured ({_status(e, 'verify')})", DASH, DASH, DASH])
+                         f"not measured ({_status(e, 'verify')})", DASH, DASH, DASH, DASH])
             continue
+        timed = e["verify"].get("timed")
         s, c = sp["stock"], sp["cadence"]
         ms, mc = (rec["modes"][m]["metrics"] for m in ("stock", "cadence"))
         rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"),
@@ -226,10 +269,12 @@ def speedup_table(data: dict) -> str:
                      f"{sp['x']:.2f}x [{sp['lo']:.2f}-{sp['hi']:.2f}]", str(sp["units"]),
                      f"{_f(ms.get('kernel_launches_per_unit_p50'), '.0f')} -> "
                      f"{_f(mc.get('kernel_launches_per_unit_p50'), '.0f')}",
-                     _f(mc.get("tail_over_kernel_busy_x"), ".2f")])
+                     _f(mc.get("tail_over_kernel_busy_x"), ".2f"),
+                     DASH if timed is None else timed or "alone"])
     return _table(rows, ["workload", "Euler steps", "paper", "stock tail ms p50 [p10-p90]",
                          "cadence tail ms p50 [p10-p90]", "ours: speedup p50 [band]", "units measured",
-                         "kernel launches / unit, stock -> cadence", "cadence tail / kernel-busy"])
+                         "kernel launches / unit, stock -> cadence", "cadence tail / kernel-busy",
+                         "timed (stages running at the same time)"])
 
 
 def memory_table(data: dict) -> str:
@@ -277,6 +322,7 @@ def _duplex_source(e: dict, d: dict) -> str:
     text += "".join(f"; {mode}: {_status(e, h)}" for mode, h in DUPLEX_STAGES.items() if mode not in d["modes"])
     if d["cadence_equals_stock"] is not None:
         text += f"; one session alone, cadence == stock: {'yes' if d['cadence_equals_stock'] else 'NO'}"
+    text += _timed_note(e, DUPLEX_STAGES.values()) if d["modes"] else ""
     return text + (f"; {d['error']}" if d["error"] else "")
 
 
@@ -302,7 +348,8 @@ def speak_table(data: dict) -> str:
         s = ms.get("stock", {}).get("metrics", {}).get("tail_vs_period_pct_p50")
         c = ms.get("cadence", {}).get("metrics", {}).get("tail_vs_period_pct_p50")
         rows.append([w, _paper(e, paper), _pct_text(s), _pct_text(c), DASH, DASH,
-                     f"tail only, p50, no AR stage (verify); {_duplex_source(e, d) if d else _duplex_status(e)}"])
+                     f"tail only, p50, no AR stage (verify{_timed_note(e, 'verify', ', ')}); "
+                     f"{_duplex_source(e, d) if d else _duplex_status(e)}"])
     return _table(rows, ["workload", "paper (mean SPEAK vs 1 s)", "ours stock", "ours cadence",
                          "p99 stock / cadence", "miss rate stock / cadence", "source"])
 
@@ -455,9 +502,10 @@ def stages_table(data: dict) -> str:
         rows.append([name, st["status"], _f(st.get("seconds")), _f(st.get("budget_s"), ".0f"),
                      str(st.get("attempts", 0)), _f(st.get("gpu")), st.get("verdict") or DASH,
                      ", ".join(dict.fromkeys(st.get("invalid_codes") or [])) or DASH,
+                     ", ".join(beside(name, data["state"]["stages"])) or DASH,
                      "; ".join(x for x in (legacy, st.get("reason") or "") if x)])
     return _table(rows, ["stage", "status", "seconds", "budget s", "attempts", "GPU (--gpus)", "verdict",
-                         "invalid codes", "reason"])
+                         "invalid codes", "ran beside", "reason"])
 
 
 # --- plots -----------------------------------------------------------------------------------------
@@ -545,6 +593,8 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
              "random weights, the token-to-audio tail unless a row says otherwise, on the device below. "
              "Compare ratios, not absolute times. Bands are p10-p90 over the measured units of one run.", "",
              "## Speedup (stock / cadence tail time per SPEAK unit)", "", speedup_table(data), "",
+             *([TIMED_NOTE, ""] if any(h.get("timed") and h["state"].get("harness") in TIMED_HARNESSES
+                                       for e in data["workloads"].values() for h in e.values()) else []),
              "## Peak memory (over the idle baseline)", "", memory_table(data), "",
              "## Per-session increment", "", session_table(data), "",
              "## SPEAK time against the 1 s cadence", "", speak_table(data), "",

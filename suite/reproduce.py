@@ -23,7 +23,8 @@ is left covers what it is expected to need (suite.stages.estimate_s; the first s
 starts), and its timeout is cut to what is left; the rest stay pending. `--gpus 0,1` (CUDA, one host)
 runs up to one stage per listed GPU at a time, still started in plan order and under the same budget
 rule, each stage's process pinned with CUDA_VISIBLE_DEVICES (`gpu` in stages.json, the first line of its
-log.txt, `env` in its record's provenance); without it, one stage at a time. `--gpus` is not a recorded
+log.txt, `env` in its record's provenance); the timed stages (verify, duplex) run alone
+(suite.stages.TIMED_HARNESSES); without it, one stage at a time. `--gpus` is not a recorded
 option: a run folder may be resumed with other GPUs or none.
 
 Exit status: 0 when every selected stage is done or skipped and every record is byte-identical and VALID
@@ -93,7 +94,8 @@ def parse_args(argv: list[str] | None):
                     help="every stage's budget (default: suite.stages.BUDGET_S by harness and device)")
     ap.add_argument("--gpus", default=None, metavar="0,1",
                     help="CUDA only: run up to one stage per listed GPU at a time, each pinned with "
-                         "CUDA_VISIBLE_DEVICES (default: one stage at a time, unpinned)")
+                         "CUDA_VISIBLE_DEVICES; verify and duplex stages run alone (default: one stage at a "
+                         "time, unpinned)")
     ap.add_argument("--compare", action="append", default=None, metavar="REF",
                     help="a reference run folder to compare ratios with (repeatable), e.g. "
                          "results/2026-11-30-h200-minicpmo45")

@@ -22,17 +22,23 @@ A stage that cannot run here is **skipped with its reason** (a harness module th
 workload variant its adapter does not implement, a mode the adapter does not declare); skipped stages are
 checked again on every run. State lives in `<run dir>/stages.json` (`State`): per stage its status
 (`done` | `failed` | `skipped` | `pending`; `running` while its process runs), seconds, attempts, return
-code, reason, the stage's verdict and provenance (command, git rev, impl/ tree, the GPU it ran on); per
-sitting the command, budget, GPUs and where it stopped. `--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting
+code, reason, the stage's verdict and provenance (command, git rev, impl/ tree, the GPU it ran on, its
+started_utc / ended_utc to the millisecond, and `overlapped`: the stages whose times overlapped its own,
+derived from the recorded times when it ended, `overlapping`); per sitting the command, budget, GPUs and
+where it stopped. `--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting
 stops cleanly (state saved, remaining stages `pending`) when what is left of `--budget-s` is less than
 the next stage is expected to need (its budget, or 1.5x the slowest done stage of its family once one has
 run). The first stage of a sitting always starts; every stage's timeout is its budget cut to what is left.
 
 **Several GPUs of one host** (`--gpus 0,1`, `run_plan(gpus=...)`): stages still start in plan order, up to
 one per GPU at a time, each process pinned with CUDA_VISIBLE_DEVICES (it sees its GPU as `cuda`), each
-waited on by a thread of its own; the budget rules above hold per stage as it starts. Without `--gpus`,
-one stage at a time and CUDA_VISIBLE_DEVICES as it is. The GPUs are a property of the sitting, not of the
-run (not in `options`): a run started on one GPU can be resumed on two.
+waited on by a thread of its own; the budget rules above hold per stage as it starts. The stages of a
+timed harness (`TIMED_HARNESSES`: verify, duplex_stock, duplex_cadence) run alone: one starts when no
+other stage runs, and none starts while it runs (the stages after it wait: plan order is kept). Their
+host-bound cadence figures are slower beside a stage on the other GPU (MiniCPM-o's tail 137.2 ms p50
+against 103.7-105.9 ms alone on the H200); the memory stages measure per-GPU device memory and may run
+side by side. Without `--gpus`, one stage at a time and CUDA_VISIBLE_DEVICES as it is. The GPUs are a
+property of the sitting, not of the run (not in `options`): a run started on one GPU can be resumed on two.
 
 **Legacy entries**: a stages.json written by an older version may hold a stage whose harness is not in
 `HARNESSES` any more (the single `<workload>.duplex` stage, both modes in one process, before it was split
@@ -60,6 +66,15 @@ from typing import Callable
 
 SCHEMA = "duplexcadence.stages/1"
 HARNESSES = ("verify", "memory_stock", "memory_cadence", "duplex_stock", "duplex_cadence")
+#: The harnesses whose figures are times: with several GPUs (run_plan(gpus=...)) their stages run alone on
+#: the host. DuplexCadence's tail is host-bound (kernel launches, Python), and a stage running on the
+#: host's other GPU slows it: MiniCPM-o cadence tail 137.2 ms p50 beside a memory stage
+#: (results/2026-11-30-h200-reproduce-3/, sitting 1, --gpus 0,1) against 103.7 ms alone
+#: (results/2026-11-30-h200-reproduce-3-second/) and 105.9 ms (results/2026-11-30-h200-duplex-60s-e/call1);
+#: Step-Audio 2 87.2 against 79.9 and 81.3 ms; Moshi 23.2 against 23.4 ms (unaffected). The memory stages
+#: measure device memory per GPU (nvml), which a neighbour on another GPU does not change: they may run
+#: side by side.
+TIMED_HARNESSES = frozenset({"verify", "duplex_stock", "duplex_cadence"})
 STATUSES = ("done", "failed", "skipped", "pending", "running")   # running: only while its process runs
 #: Per-stage time budget in seconds (the stage's process is killed past it), by device type. verify and
 #: memory: upper bounds chosen so that two or three stages fit one sitting of a 10-minute command (done
@@ -108,8 +123,13 @@ DUPLEX_MODULE = "suite.duplex"          # issue 7's harness
 LOG_TAIL_LINES = 20
 
 
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+def utc_now(timespec: str = "seconds") -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec=timespec)
+
+
+#: A stage attempt's started_utc / ended_utc: to the millisecond, so that `overlapping` can tell a stage
+#: that started as another ended from one that ran beside it (older stages.json files hold whole seconds).
+STAGE_TIMESPEC = "milliseconds"
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -223,6 +243,9 @@ class StageState:
     git_rev: str | None = None       # of the sitting that ran it
     impl_tree: str | None = None
     gpu: int | None = None           # the --gpus index its last attempt ran on (None: not pinned)
+    #: the stages that ran at the same time as its last attempt (`overlapping`, when it ended); None: not
+    #: recorded (it has not ended, or an older version ran it: suite.claims derives it from the times)
+    overlapped: list | None = None
     log_tail: list = field(default_factory=list)
 
 
@@ -431,6 +454,44 @@ def _read_verdict(out_dir: Path, st: StageState) -> None:
         st.mismatched_units = list((rec.get("comparison") or {}).get("mismatched_units", []))
 
 
+def _instant(text: str | None) -> _dt.datetime | None:
+    """A recorded time (utc_now: whole seconds or finer) as an aware datetime; None if absent or unreadable."""
+    try:
+        t = _dt.datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
+
+
+def overlapping(name: str, stages: dict[str, dict], ended: dict[str, str] | None = None) -> list[str]:
+    """The names of the stages whose [started_utc, ended_utc] overlapped stage `name`'s, in `stages`' order,
+    from the recorded times alone (stages.json's "stages", or StageState fields as dicts). A `running` stage
+    is open-ended unless `ended` gives its end (name -> utc time: ended, not yet recorded). Intervals that
+    only touch do not overlap (a stage started as another ended: the same second in an older file's whole
+    seconds). Left out: a stage never started, or whose ended_utc is missing or earlier than its
+    started_utc (an attempt cut off with its sitting: no end of it was recorded). [] when `name` is left out."""
+    ended = ended or {}
+    spans = {}
+    for n, st in stages.items():
+        start = _instant(st.get("started_utc"))
+        if start is None:
+            continue
+        if n in ended:
+            end = _instant(ended[n])
+        elif st.get("status") == "running":
+            end = None                             # still running: open-ended
+        else:
+            end = _instant(st.get("ended_utc"))
+            if end is None or end < start:
+                continue
+        spans[n] = (start, end)
+    if name not in spans:
+        return []
+    a0, a1 = spans[name]
+    return [n for n, (b0, b1) in spans.items()
+            if n != name and (a1 is None or b0 < a1) and (b1 is None or a0 < b1)]
+
+
 def estimate_s(stage: Stage, state: State) -> float:
     """Seconds this stage is expected to need: ESTIMATE_MARGIN x the slowest done stage of its harness
     family in this run (any workload; legacy entries left out), capped at its budget; its budget when none
@@ -456,9 +517,13 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
     runs up to len(gpus) stages at once, started in plan order: the next stage waits for a free GPU g,
     then passes the budget check (so the check sees the time left when it would start), and a worker
     thread waits on `execute(..., gpu=g)` (the subprocess executor pins the process with
-    CUDA_VISIBLE_DEVICES); the stage's `gpu` is recorded. A stop leaves the stages in flight to finish,
-    each within its timeout, so within the sitting. All bookkeeping, saves, `log` and `after` run in the
-    calling thread.
+    CUDA_VISIBLE_DEVICES); the stage's `gpu` is recorded. A stage of a timed harness (`TIMED_HARNESSES`)
+    runs alone: it waits until no stage is in flight, and while it runs the next stage waits for it to
+    end; a waiting stage holds back every stage after it (plan order is kept). A stop leaves the stages in
+    flight to finish, each within its timeout, so within the sitting. All bookkeeping, saves, `log` and
+    `after` run in the calling thread. Every stage that ends records `overlapped` (`overlapping`: the
+    stages whose started_utc..ended_utc overlapped its own; its end is taken in the worker, as `execute`
+    returns).
     Returns the sitting's record (also appended to state.data["sittings"]):
     {started_utc, ended_utc, budget_s, gpus, ran, kept, stopped (reason or None), ...provenance git fields}.
     A stage is saved as `running` while its process runs (a killed sitting leaves it so; `State.open`
@@ -476,18 +541,23 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
     flight: dict[Future, Stage] = {}
     started = 0
 
-    def attempt(stage: Stage, out_dir: Path, timeout: float, gpu: int | None) -> tuple[Outcome, float]:
+    def attempt(stage: Stage, out_dir: Path, timeout: float, gpu: int | None) -> tuple[Outcome, float, str]:
         t = clock()
         outcome = execute(stage, out_dir, timeout, options, gpu=gpu)
-        return outcome, clock() - t
+        return outcome, clock() - t, utc_now(STAGE_TIMESPEC)
+
+    def timed(s: Stage) -> bool:
+        return s.harness in TIMED_HARNESSES
 
     def finish(fut: Future) -> None:
         stage = flight.pop(fut)
         st = state.stages[stage.name]
         free.append(st.gpu)
-        outcome, seconds = fut.result()            # an executor's exception propagates from here
-        st.seconds, st.ended_utc = round(seconds, 3), utc_now()
+        outcome, seconds, ended = fut.result()     # an executor's exception propagates from here
+        st.seconds, st.ended_utc = round(seconds, 3), ended
         st.status, st.returncode, st.reason = outcome.status, outcome.returncode, outcome.reason
+        ends = {s.name: f.result()[2] for f, s in flight.items() if f.done() and f.exception() is None}
+        st.overlapped = overlapping(stage.name, {n: vars(x) for n, x in state.stages.items()}, ends)
         if outcome.status == "failed" and outcome.reason.startswith("timed out") and st.timeout_s < stage.budget_s:
             st.reason = (f"the sitting's --budget-s ran out during the stage (timeout cut to {st.timeout_s:.0f} s "
                          f"of its {stage.budget_s:g} s budget); rerun with --resume")
@@ -495,6 +565,7 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
         _read_verdict(state.run_dir / stage.name, st)
         sitting["ran"].append(stage.name)
         log(f"stage {stage.name}: {st.status} in {st.seconds:.1f} s" + _on(st.gpu)
+            + (f" beside {', '.join(st.overlapped)}" if st.overlapped else "")
             + (f" (verdict {st.verdict})" if st.verdict else "") + (f": {st.reason}" if st.reason else ""))
         if st.log_tail:                            # the stage's own summary (or its error)
             log("  | " + "\n  | ".join(st.log_tail[-12:]))
@@ -521,7 +592,10 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
                 sitting["skipped"].append(stage.name)
                 state.save()
                 continue
-            while not free and not sitting["stopped"]:     # every GPU busy: wait for a stage to end
+            # wait for a stage to end while every GPU is busy, or while this stage or one in flight is timed
+            # (it runs alone; the stages after this one wait behind it: plan order)
+            while flight and not sitting["stopped"] and (
+                    not free or timed(stage) or any(timed(s) for s in flight.values())):
                 finish(next(iter(wait(flight, return_when=FIRST_COMPLETED).done)))
             left = None if budget_s is None else budget_s - (clock() - t0)
             need = estimate_s(stage, state)
@@ -539,7 +613,8 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
             if out_dir.exists():
                 _clear(out_dir)
             st.attempts += 1
-            st.started_utc, st.timeout_s, st.gpu = utc_now(), timeout, gpu
+            st.started_utc, st.ended_utc, st.timeout_s, st.gpu = utc_now(STAGE_TIMESPEC), None, timeout, gpu
+            st.overlapped = None
             st.git_rev, st.impl_tree = provenance.get("git_rev"), provenance.get("impl_tree")
             st.status, st.reason = "running", ""
             state.save()

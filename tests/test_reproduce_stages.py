@@ -277,25 +277,27 @@ def fake_stage_process(tmp_path, monkeypatch):
 
 
 def test_two_stages_run_at_once_each_on_its_gpu(tmp_path, fake_stage_process):
-    """Real child processes: a and b overlap, each sees only its GPU; c waits for the first free one."""
+    """Real child processes: a and b overlap, each sees only its GPU; c waits for the first free one.
+    (Memory stages: the timed ones run alone, test_timed_stages_run_alone_memory_stages_side_by_side.)"""
     run_dir = tmp_path / "run"
     state = stages.State.open(run_dir, OPTIONS, resume=False)
-    plan = [stages.Stage(w, "verify", 60.0) for w in "abc"]
+    plan = [stages.Stage(w, "memory_stock", 60.0) for w in "abc"]
     sitting = stages.run_plan(plan, state, OPTIONS, gpus=[0, 1], log=lambda *_: None)
-    a, b, c = (fake_stage_process(run_dir, f"{w}.verify") for w in "abc")
+    a, b, c = (fake_stage_process(run_dir, f"{w}.memory_stock") for w in "abc")
     assert max(a["start"], b["start"]) < min(a["end"], b["end"])            # at the same time
     assert c["start"] >= min(a["end"], b["end"])                            # two GPUs: two at a time
     disk = on_disk(run_dir)
-    assert (a["cvd"], b["cvd"]) == ("0", "1") and (disk["a.verify"]["gpu"], disk["b.verify"]["gpu"]) == (0, 1)
-    assert c["cvd"] == str(disk["c.verify"]["gpu"]) and all(v["status"] == "done" for v in disk.values())
-    assert (run_dir / "b.verify" / "log.txt").read_text().splitlines()[0] == \
-        "# stage b.verify on GPU 1 (CUDA_VISIBLE_DEVICES=1)"
-    assert sitting["gpus"] == [0, 1] and sorted(sitting["ran"]) == ["a.verify", "b.verify", "c.verify"]
+    assert (a["cvd"], b["cvd"]) == ("0", "1")
+    assert (disk["a.memory_stock"]["gpu"], disk["b.memory_stock"]["gpu"]) == (0, 1)
+    assert c["cvd"] == str(disk["c.memory_stock"]["gpu"]) and all(v["status"] == "done" for v in disk.values())
+    assert (run_dir / "b.memory_stock" / "log.txt").read_text().splitlines()[0] == \
+        "# stage b.memory_stock on GPU 1 (CUDA_VISIBLE_DEVICES=1)"
+    assert sitting["gpus"] == [0, 1] and sorted(sitting["ran"]) == [f"{w}.memory_stock" for w in "abc"]
 
     seq = tmp_path / "seq"                                                  # no --gpus: as before, unpinned
     stages.run_plan(plan[:1], stages.State.open(seq, OPTIONS, resume=False), OPTIONS, log=lambda *_: None)
-    assert fake_stage_process(seq, "a.verify")["cvd"] is None and on_disk(seq)["a.verify"]["gpu"] is None
-    assert not (seq / "a.verify" / "log.txt").read_text().startswith("# stage")
+    assert fake_stage_process(seq, "a.memory_stock")["cvd"] is None and on_disk(seq)["a.memory_stock"]["gpu"] is None
+    assert not (seq / "a.memory_stock" / "log.txt").read_text().startswith("# stage")
 
 
 def test_visible_device_maps_through_our_own_cuda_visible_devices(monkeypatch):
@@ -335,16 +337,16 @@ def test_budget_stop_with_a_stage_in_flight(tmp_path):
             release.set()
 
     state = stages.State.open(tmp_path, OPTIONS, resume=False)
-    plan = [stages.Stage(w, "verify", 100.0) for w in "abcd"]
+    plan = [stages.Stage(w, "memory_stock", 100.0) for w in "abcd"]
     sitting = stages.run_plan(plan, state, OPTIONS, budget_s=150.0, execute=execute, clock=clock, log=log,
                               gpus=[0, 1])
-    assert sorted(calls) == [("a.verify", 100.0, 0), ("b.verify", 100.0, 1)]
-    assert (at_stop["a.verify"]["status"], at_stop["b.verify"]["status"]) == ("running", "done")
-    assert sitting["stopped"].startswith("budget: 60 s of --budget-s 150 left before c.verify, which is "
+    assert sorted(calls) == [("a.memory_stock", 100.0, 0), ("b.memory_stock", 100.0, 1)]
+    assert (at_stop["a.memory_stock"]["status"], at_stop["b.memory_stock"]["status"]) == ("running", "done")
+    assert sitting["stopped"].startswith("budget: 60 s of --budget-s 150 left before c.memory_stock, which is "
                                          "expected to need 100 s")
     disk = on_disk(tmp_path)
-    assert [disk[f"{w}.verify"]["status"] for w in "abcd"] == ["done", "done", "pending", "pending"]
-    assert disk["a.verify"]["seconds"] == 95.0 and sitting["ran"] == ["b.verify", "a.verify"]
+    assert [disk[f"{w}.memory_stock"]["status"] for w in "abcd"] == ["done", "done", "pending", "pending"]
+    assert disk["a.memory_stock"]["seconds"] == 95.0 and sitting["ran"] == ["b.memory_stock", "a.memory_stock"]
     assert "ended_utc" in sitting
 
 
@@ -361,25 +363,25 @@ def test_a_killed_parallel_sitting_is_resumed(tmp_path):
         return stages.Outcome("done", 0, "", ["stub"])
 
     def log(message: str) -> None:
-        if message.startswith("stage b.verify: start"):
+        if message.startswith("stage b.memory_stock: start"):
             go.set()
             raise Killed
 
-    plan = [stages.Stage(w, "verify", 100.0) for w in "abc"]
+    plan = [stages.Stage(w, "memory_stock", 100.0) for w in "abc"]
     with pytest.raises(Killed):
         stages.run_plan(plan, stages.State.open(tmp_path, OPTIONS, resume=False), OPTIONS, execute=execute,
                         log=log, gpus=[0, 1])
     disk = on_disk(tmp_path)
-    assert {k: (v["status"], v["gpu"]) for k, v in disk.items()} == {"a.verify": ("running", 0),
-                                                                     "b.verify": ("running", 1)}
+    assert {k: (v["status"], v["gpu"]) for k, v in disk.items()} == {"a.memory_stock": ("running", 0),
+                                                                     "b.memory_stock": ("running", 1)}
     opened = stages.State.open(tmp_path, OPTIONS, resume=True)
-    assert all((opened.stages[f"{w}.verify"].status, opened.stages[f"{w}.verify"].reason) ==
+    assert all((opened.stages[f"{w}.memory_stock"].status, opened.stages[f"{w}.memory_stock"].reason) ==
                ("failed", "interrupted: the sitting ended while this stage ran") for w in "ab")
     again = Stub()
     state, _ = run(tmp_path, plan, again, resume=True)          # run() has no gpus: a sitting on one GPU
-    assert [c[0] for c in again.calls] == ["a.verify", "b.verify", "c.verify"]
-    assert [state.stages[f"{w}.verify"].attempts for w in "abc"] == [2, 2, 1]
-    assert all(state.stages[f"{w}.verify"].gpu is None for w in "abc")
+    assert [c[0] for c in again.calls] == ["a.memory_stock", "b.memory_stock", "c.memory_stock"]
+    assert [state.stages[f"{w}.memory_stock"].attempts for w in "abc"] == [2, 2, 1]
+    assert all(state.stages[f"{w}.memory_stock"].gpu is None for w in "abc")
     disk = on_disk(tmp_path)
     assert all(v["status"] == "done" for v in disk.values())
 
@@ -403,6 +405,75 @@ def test_state_saves_one_at_a_time(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert peak[0] == 1 and json.loads((tmp_path / "stages.json").read_text())["schema"] == stages.SCHEMA
+
+
+class Neighbours:
+    """An executor for gpus=[0, 1] that records, as each stage starts, the stages running then (`beside`).
+    A memory stage waits (up to 5 s) until two memory stages run, so that two side by side are certain
+    where allowed; a timed stage runs 0.2 s, long enough for a stage started beside it to be seen."""
+
+    def __init__(self):
+        self.cond, self.running, self.started, self.beside = threading.Condition(), set(), [], {}
+
+    def __call__(self, stage, out_dir, timeout_s, options, *, gpu=None):
+        with self.cond:
+            self.started.append(stage.name)
+            self.beside[stage.name] = set(self.running)
+            self.running.add(stage.name)
+            self.cond.notify_all()
+            if stage.harness not in stages.TIMED_HARNESSES:
+                self.cond.wait_for(lambda: sum(".memory_" in n for n in self.running) >= 2, timeout=5)
+        time.sleep(0.2 if stage.harness in stages.TIMED_HARNESSES else 0.05)
+        with self.cond:
+            self.running.discard(stage.name)
+        return stages.Outcome("done", 0, "", ["stub"])
+
+
+def test_timed_stages_run_alone_memory_stages_side_by_side(tmp_path):
+    """--gpus 0,1: a verify or duplex stage starts when nothing runs and nothing starts beside it; the memory
+    stages before and after run two at a time; stages start in plan order (a.verify waits for a's memory
+    stages, b's memory stages wait behind a.duplex_stock); `overlapped` records who ran beside whom."""
+    plan = [stages.Stage("a", h, 100.0) for h in ("memory_stock", "memory_cadence", "verify", "duplex_stock")]
+    plan += [stages.Stage("b", h, 100.0) for h in ("memory_stock", "memory_cadence", "verify")]
+    ex = Neighbours()
+    state = stages.State.open(tmp_path, OPTIONS, resume=False)
+    stages.run_plan(plan, state, OPTIONS, execute=ex, log=lambda *_: None, gpus=[0, 1])
+    names = [s.name for s in plan]
+    assert ex.started == names                                        # plan order, nothing reordered
+    timed = [s.name for s in plan if s.harness in stages.TIMED_HARNESSES]
+    assert timed == ["a.verify", "a.duplex_stock", "b.verify"]
+    assert all(ex.beside[n] == set() for n in timed)                  # started with nothing running
+    assert not [(n, t) for n in names for t in timed if t in ex.beside[n]]   # nothing started beside it
+    assert ex.beside["a.memory_cadence"] == {"a.memory_stock"} and ex.beside["b.memory_cadence"] == {"b.memory_stock"}
+    disk = on_disk(tmp_path)
+    assert {n: disk[n]["overlapped"] for n in names} == {
+        "a.memory_stock": ["a.memory_cadence"], "a.memory_cadence": ["a.memory_stock"], "a.verify": [],
+        "a.duplex_stock": [], "b.memory_stock": ["b.memory_cadence"], "b.memory_cadence": ["b.memory_stock"],
+        "b.verify": []}
+    assert {disk["a.memory_stock"]["gpu"], disk["a.memory_cadence"]["gpu"]} == {0, 1}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", disk["a.verify"]["ended_utc"])
+
+
+def test_overlap_is_derived_from_the_recorded_times():
+    """`overlapping` on stages.json entries: whole seconds (older files) or milliseconds; touching is not
+    overlapping; a running stage is open-ended unless its end is given; a cut-off attempt is left out."""
+    def st(start, end, status="done"):
+        return {"status": status, "started_utc": f"2026-11-30T10:{start}+00:00",
+                "ended_utc": end and f"2026-11-30T10:{end}+00:00"}
+    recorded = {"v": st("15:14", "16:17"), "m1": st("15:14", "15:54"), "m2": st("15:55", "16:34"),
+                "next": st("16:17", "16:40"),            # started in the second v ended (whole seconds)
+                "late": st("16:17.250", "16:50.125"),    # milliseconds
+                "run": st("16:45", None, "running"),
+                "after": st("20:00", "21:00"),            # beside run only while run is open-ended
+                "cut": st("16:00", "12:00", "failed"),   # ended_utc left by an earlier attempt
+                "never": {"status": "pending", "started_utc": None, "ended_utc": None}}
+    assert stages.overlapping("v", recorded) == ["m1", "m2"]
+    assert stages.overlapping("next", recorded) == ["m2", "late"]
+    assert stages.overlapping("run", recorded) == ["late", "after"]
+    assert stages.overlapping("after", recorded) == ["run"]
+    assert stages.overlapping("after", recorded, ended={"run": "2026-11-30T10:16:50.500+00:00"}) == []
+    assert stages.overlapping("cut", recorded) == [] and stages.overlapping("never", recorded) == []
+    assert "cut" not in stages.overlapping("m2", recorded)
 
 
 @pytest.fixture
@@ -548,6 +619,42 @@ def test_stage_outputs_merge_into_one_report(fake_registry, clean_tree, tmp_path
     assert "commit (per stage record)" in prov and "impl/ tree" in prov and "seeds" in prov
     assert text.rstrip().split("\n## ")[-1].startswith("Parameters used")
     assert report.rebuild(run_dir) == run_dir / "REPORT.md"        # make report on a staged folder
+
+
+def test_report_marks_figures_timed_beside_another_stage(fake_registry, clean_tree, tmp_path):  # noqa: F811
+    """The speed and duplex rows say which stages ran at the same time: from the recorded `overlapped`, or,
+    in a stages.json without it (an older version's), from the recorded times; memory is not marked."""
+    run_dir = tmp_path / "run"
+    plan = [stages.Stage("fake", h, 100.0) for h in ("verify", "memory_stock", "duplex_stock", "duplex_cadence")]
+    stages.run_plan(plan, stages.State.open(run_dir, OPTIONS, resume=False), OPTIONS, execute=_duplex_executor,
+                    log=lambda *_: None)
+    text = claims.write(run_dir).read_text()                       # one at a time: each recorded alone
+    assert "timed beside" not in text and claims.TIMED_NOTE not in text
+    assert re.search(r"\| alone +\|$", next(line for line in _section(text, "Speedup").splitlines()
+                                            if line.startswith("| fake")))
+
+    data = json.loads((run_dir / "stages.json").read_text())       # as the first H200 sitting of --gpus 0,1
+    for name, gpu, start, end in [("verify", 0, "00:00", "01:00"), ("memory_stock", 1, "00:30", "01:30"),
+                                  ("duplex_stock", 0, "02:00", "03:00"), ("duplex_cadence", 0, "03:00", "04:00")]:
+        st = data["stages"][f"fake.{name}"]
+        del st["overlapped"]                                       # written before the field
+        st.update(gpu=gpu, started_utc=f"2026-11-30T10:{start}+00:00", ended_utc=f"2026-11-30T10:{end}+00:00")
+    (run_dir / "stages.json").write_text(json.dumps(data))
+    assert stages.State.open(run_dir, OPTIONS, resume=True).stages["fake.verify"].overlapped is None
+    text = claims.write(run_dir).read_text()
+    speed = next(line for line in _section(text, "Speedup").splitlines() if line.startswith("| fake"))
+    assert "| timed beside fake.memory_stock on another GPU " in speed and claims.TIMED_NOTE in text
+    for title in ("SPEAK time against the 1 s cadence", "Sessions per GPU", "Peak memory", "Bitwise equality"):
+        assert "timed beside" not in _section(text, title), title
+    assert re.search(r"\| fake\.memory_stock .*\| fake\.verify +\|", _section(text, "Stages"))
+
+    data["stages"]["fake.duplex_cadence"]["overlapped"] = ["fake.memory_stock"]   # recorded: it wins
+    (run_dir / "stages.json").write_text(json.dumps(data))
+    text = claims.write(run_dir).read_text()
+    for title in ("SPEAK time against the 1 s cadence", "Sessions per GPU"):
+        row = next(line for line in _section(text, title).splitlines() if line.startswith("| fake"))
+        assert "; duplex_cadence timed beside fake.memory_stock on another GPU" in row, title
+        assert "duplex_stock timed" not in row, title
 
 
 def test_unfinished_run_report_says_what_is_missing(fake_registry, clean_tree, tmp_path):  # noqa: F811
