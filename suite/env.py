@@ -81,7 +81,9 @@ def impl_tree(cwd: Path = REPO_ROOT, lines: list[str] | None = None) -> dict:
 
 
 def cpu_info() -> dict:
-    """CPU model (from /proc/cpuinfo where present), logical cores, cores this process may use."""
+    """CPU model (from /proc/cpuinfo where present), logical cores, cores this process may use, and the
+    host's load average (1, 5, 15 min) when recorded: host-bound tails slow down beside other work
+    (results/2026-11-30-h200-reproduce-3: MiniCPM-o cadence 137 vs 104 ms with a stage on the other GPU)."""
     model = platform.processor() or "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -92,7 +94,8 @@ def cpu_info() -> dict:
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu_model": model, "cpu_cores": os.cpu_count(), "cpu_cores_usable": usable,
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(),
+            "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
 _SMI_FIELDS = ("name", "driver_version", "memory.total", "clocks.sm", "clocks.max.sm", "clocks.mem",
