@@ -913,6 +913,7 @@ def test_an_invalid_duplex_record_is_done_and_fails_reproduce_like_verify(
     assert f"FAIL: fake.duplex_cadence: {message}" in capsys.readouterr().err
     text = (run_dir / "REPORT.md").read_text()
     assert "**Complete**" in text and f"1 INVALID; fake.duplex_cadence: {codes[0]}." in text
+    assert f"cadence: INVALID ({codes[0]})" in _section(text, "Sessions per GPU")
     again = DuplexStages()
     assert reproduce.main([*args, "--resume"], execute=again) == 1 and again.calls == []   # done: kept
 
@@ -939,3 +940,28 @@ def test_a_duplex_crash_is_failed_not_done(tmp_path, record, end):
     st = state.stages["w.duplex_cadence"]
     assert st.status == "failed" and st.reason and st.verdict == record
     assert state.stages["w.duplex_stock"].status == "done"
+
+
+@pytest.mark.parametrize("end, reason", [(-11, SEGFAULT), ("timeout", TIMEOUT)], ids=["segfault", "timeout"])
+def test_a_failed_duplex_stage_still_reports_the_runs_it_measured(tmp_path, end, reason):
+    """As on the H200: a segfault at 32 sessions after the 1- and 24-session runs were checkpointed, or the time
+    limit cutting the last count. The stage stays failed (resume reruns it); the report shows its runs, PARTIAL,
+    with the counts it holds and the failure reason."""
+    stub = DuplexStages({"duplex_cadence": duplex_record("w", "cadence", "PARTIAL")}, {"duplex_cadence": end})
+    state, _ = run(tmp_path, DUPLEX_PLAN, stub)
+    st = state.stages["w.duplex_cadence"]
+    assert (st.status, st.reason, st.verdict, st.invalid_codes) == ("failed", reason, "PARTIAL", ["partial"])
+    text = claims.write(tmp_path).read_text()
+    mark = f"cadence: PARTIAL, N=1,2 measured (failed: {reason})"
+    speak = next(line for line in _section(text, "SPEAK time against the 1 s cadence").splitlines()
+                 if line.startswith("| w "))
+    assert "-41.5%" in speak and mark in speak                       # cadence's one-session run, measured
+    assert "duplex (w.duplex_stock/duplex.json, w.duplex_cadence/duplex.json)" in speak
+    sessions = next(line for line in _section(text, "Sessions per GPU").splitlines() if line.startswith("| w "))
+    assert "| 3 | 25 (PARTIAL) | 8.3x |" in re.sub(r" +\|", " |", sessions) and mark in sessions
+    assert "**Incomplete**" in text and "1 PARTIAL (failed after measuring some runs): w.duplex_cadence" in text
+    again = DuplexStages()
+    run(tmp_path, DUPLEX_PLAN, again, resume=True)
+    assert [c[0] for c in again.calls] == ["w.duplex_cadence"]
+    text = claims.write(tmp_path).read_text()
+    assert "PARTIAL" not in _section(text, "Sessions per GPU") and "Stage verdicts: 2 VALID" in text
