@@ -11,7 +11,9 @@ over idle (one process per mode when the memory stages ran; else verify's one-pr
 per-session increment, SPEAK time vs the 1 s cadence and sessions per GPU (the `duplex_stock` and
 `duplex_cadence` stages, one mode each, joined by `suite.duplex_merge.merge`; one mode and the other's
 status while only one is done; tail-only figures from verify while neither is, labelled), bitwise
-equality. Times in ms, memory in MiB.
+equality. Times in ms, memory in MiB. A duplex stage that failed after checkpointing (a crash or its time
+limit after some session counts) still gives the runs it measured, marked PARTIAL with the counts and the
+stage's failure reason; a done stage's INVALID record is marked with its codes.
 
 Timed alone or not: a speed (verify) or duplex figure whose stage ran while another stage ran (on the
 host's other GPU, `--gpus`) is marked in its row, "timed beside <stages> on another GPU": the stage's
@@ -53,8 +55,9 @@ def _json(path: Path) -> dict | None:
 
 def load(run_dir: str | Path) -> dict:
     """{"state": stages.json, "workloads": {name: {harness: {"state", "record", "duplex", "timed"}}}}; "duplex":
-    a done duplex stage's {"file" (relative to the run dir), "record"} (`_duplex_record`); "timed": how its
-    last attempt was timed (`timed_beside`).
+    a done duplex stage's {"file" (relative to the run dir), "record"} (`_duplex_record`), or a failed or
+    pending per-mode one's whose folder holds its last attempt's checkpoint; "timed": how its last attempt
+    was timed (`timed_beside`).
     Raises FileNotFoundError naming the missing stages.json."""
     run_dir = Path(run_dir)
     state = _json(run_dir / "stages.json")
@@ -69,6 +72,8 @@ def load(run_dir: str | Path) -> dict:
             entry["record"] = _json(folder / "run.json")
             if family(st["harness"]) == "duplex":           # duplex_stock, duplex_cadence, legacy duplex
                 entry["duplex"] = _duplex_record(folder, run_dir)
+        elif st.get("status") in ("failed", "pending") and st["harness"] in DUPLEX_STAGES.values():
+            entry["duplex"] = _duplex_record(folder, run_dir)   # what a crash or a time limit left (PARTIAL)
         out.setdefault(st["workload"], {})[st["harness"]] = entry
     return {"state": state, "workloads": out, "run_dir": run_dir}
 
@@ -117,13 +122,21 @@ DUPLEX_STAGES = {"stock": "duplex_stock", "cadence": "duplex_cadence"}   # mode 
 
 
 def duplex_figures(entries: dict, workload: str | None = None) -> dict | None:
-    """A workload's duplex figures, from its done duplex stages: the two per-mode records joined by
-    `suite.duplex_merge.merge` (stock == cadence recomputed from the one-session runs), the one record while
-    only one is done, or a legacy both-mode `duplex` stage's record when neither is. Per mode: the
-    one-session run's mean and p99 SPEAK time as a percentage over (+) or under (-) the 1 s cadence, its
-    miss rate, and the largest session count with zero misses. None when no duplex stage is done.
-    Returns {"modes", "files", "cadence_equals_stock" (None unless both modes), "verdict", "error"}."""
-    parts = [e["duplex"] for h in DUPLEX_STAGES.values() if (e := entries.get(h)) and e.get("duplex")]
+    """A workload's duplex figures, from its duplex stages' records (`load`: done, or a failed stage's
+    checkpoint): the two per-mode records joined by `suite.duplex_merge.merge` (stock == cadence recomputed
+    from the one-session runs), the one record while only one is there, or a legacy both-mode `duplex`
+    stage's record when neither is. Per mode: the one-session run's mean and p99 SPEAK time as a percentage
+    over (+) or under (-) the 1 s cadence, its miss rate, and the largest session count with zero misses.
+    None when no duplex stage has a record.
+    Returns {"modes", "files", "cadence_equals_stock" (None unless both modes), "verdict", "error",
+    "marks"}; marks: mode -> what a reader must know of that mode's record (`_duplex_mark`), for the modes
+    whose record is not a done stage's VALID one."""
+    parts, marks = [], {}
+    for mode, h in DUPLEX_STAGES.items():
+        if (e := entries.get(h)) and e.get("duplex"):
+            parts.append(e["duplex"])
+            if (mark := _duplex_mark(e, mode, workload)) is not None:
+                marks[mode] = mark
     if not parts and (entries.get("duplex") or {}).get("duplex"):
         parts = [entries["duplex"]["duplex"]]
     if not parts:
@@ -133,7 +146,7 @@ def duplex_figures(entries: dict, workload: str | None = None) -> dict | None:
         record = merge_duplex([p["record"] for p in parts]) if len(parts) > 1 else parts[0]["record"]
     except (ValueError, KeyError) as exc:
         return {"modes": {}, "files": files, "cadence_equals_stock": None, "verdict": None,
-                "error": f"the duplex records cannot be joined: {exc}"}
+                "error": f"the duplex records cannot be joined: {exc}", "marks": marks}
     w = record["workloads"].get(workload) or next(iter(record["workloads"].values()))
     pct = (lambda f: None if f is None else 100.0 * (f - 1.0))  # noqa: E731
     modes = {}
@@ -146,7 +159,26 @@ def duplex_figures(entries: dict, workload: str | None = None) -> dict | None:
                        "max_sessions_zero_miss": m.get("max_zero_miss_sessions"),
                        "seconds": record.get("parameters", {}).get("seconds"), "ar": w.get("ar")}
     return {"modes": modes, "files": files, "cadence_equals_stock": w.get("cadence_equals_stock"),
-            "verdict": record.get("verdict"), "error": None}
+            "verdict": record.get("verdict"), "error": None, "marks": marks}
+
+
+def _duplex_mark(entry: dict, mode: str, workload: str | None) -> str | None:
+    """What a per-mode duplex stage's record is, when it is not a done stage's VALID one: "PARTIAL, N=1,24
+    measured (failed: <reason>)" for the checkpoint a crashed or timed-out stage left (the counts whose runs
+    it holds), "INVALID (<codes>)" for a done stage's; None for a done stage's VALID record."""
+    from suite.duplex import invalid_codes, record_reasons
+
+    st, rec = entry["state"], entry["duplex"]["record"]
+    verdict = rec.get("verdict")
+    if st.get("status") == "done":
+        if verdict == "VALID":
+            return None
+        return f"{verdict} ({', '.join(dict.fromkeys(invalid_codes(record_reasons(rec))))})"
+    w = rec["workloads"].get(workload) or next(iter(rec["workloads"].values()), {})
+    counts = [str(r.get("sessions")) for r in w.get("modes", {}).get(mode, {}).get("runs", [])
+              if not r.get("refused")]
+    label = "PARTIAL" if verdict == "PARTIAL" else f"verdict {verdict}"
+    return f"{label}, N={','.join(counts) or 'none'} measured ({st['status']}: {st.get('reason') or 'no reason'})"
 
 
 def load_reference(path: str | Path) -> dict[str, dict]:
@@ -319,6 +351,7 @@ def _duplex_status(e: dict) -> str:
 def _duplex_source(e: dict, d: dict) -> str:
     """The duplex figures' files, the status of each mode they lack, and stock == cadence when both are in."""
     text = f"duplex ({', '.join(d['files'])})"
+    text += "".join(f"; {mode}: {mark}" for mode, mark in d.get("marks", {}).items())
     text += "".join(f"; {mode}: {_status(e, h)}" for mode, h in DUPLEX_STAGES.items() if mode not in d["modes"])
     if d["cadence_equals_stock"] is not None:
         text += f"; one session alone, cadence == stock: {'yes' if d['cadence_equals_stock'] else 'NO'}"
@@ -364,7 +397,10 @@ def sessions_table(data: dict) -> str:
             c = d["modes"].get("cadence", {}).get("max_sessions_zero_miss")
         ratio = f"{c / s:.1f}x" if s and c is not None else DASH
         target = ">= 24 and >= 4x stock (tail only)" if _is_flow_hift(e, 10) else DASH
-        rows.append([w, _paper(e, "more per GPU (no figure)"), target, _f(s), _f(c), ratio,
+        cut = {m for m, mark in (d or {}).get("marks", {}).items() if mark.startswith("PARTIAL")}
+        counts = [_f(n) + (" (PARTIAL)" if m in cut and n is not None else "")    # a lower bound, cut short
+                  for m, n in (("stock", s), ("cadence", c))]
+        rows.append([w, _paper(e, "more per GPU (no figure)"), target, *counts, ratio,
                      _duplex_source(e, d) if d else f"not measured ({_duplex_status(e)})"])
     return _table(rows, ["workload", "paper", "target (issue 7, MiniCPM-o 10 steps)",
                          "stock sessions, 0 misses in 60 s", "cadence sessions",
@@ -623,12 +659,16 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
 
 
 def _verdicts(state: dict) -> str:
-    """One line: the stage records' verdicts, with the reasons of the INVALID ones."""
+    """One line: the stage records' verdicts, with the reasons of the INVALID ones and the stages whose
+    record is PARTIAL (a duplex stage that failed after checkpointing)."""
     done = {n: st for n, st in state.get("stages", {}).items() if st.get("verdict")}
+    partial = [n for n, st in done.items() if st["verdict"] == "PARTIAL"]
     bad = {n: ", ".join(dict.fromkeys(st.get("invalid_codes") or [])) for n, st in done.items()
-           if st["verdict"] != "VALID"}
-    return (f"Stage verdicts: {len(done) - len(bad)} VALID, {len(bad)} INVALID"
-            + ("".join(f"; {n}: {codes}" for n, codes in bad.items()) if bad else "") + ".")
+           if st["verdict"] not in ("VALID", "PARTIAL")}
+    return (f"Stage verdicts: {len(done) - len(bad) - len(partial)} VALID, {len(bad)} INVALID"
+            + ("".join(f"; {n}: {codes}" for n, codes in bad.items()) if bad else "")
+            + (f"; {len(partial)} PARTIAL (failed after measuring some runs): {', '.join(partial)}" if partial else "")
+            + ".")
 
 
 def write(run_dir: str | Path, compare: list[str] | None = None, results_root: str | Path | None = None) -> Path:

@@ -48,6 +48,13 @@ Pieces of one session (units, AR stage + tail, warm-up, footprint) live in `suit
 Outputs in --out: duplex.json (provenance, parameters, every unit, metrics, verdict) and, unless
 --no-plots, <workload>_speak.png (per-unit SPEAK time vs the cadence line) and <workload>_miss_rate.png
 (miss rate vs sessions), stock and DuplexCadence on the same axes (`suite.duplex_plot`).
+
+Verdict: VALID, or INVALID with `invalid_reasons` (`invalid_codes` classifies them: a session's bytes
+differing from the same session alone, a dirty tree, runs shorter than 60 s); PARTIAL in the checkpoints
+written while the harness runs. Exit status: 0 for a VALID record, `EXIT_INVALID` (1) for a complete
+INVALID one, 2 for bad arguments. A Python exception also exits 1 and a native crash dies of a signal,
+both leaving the last checkpoint (or nothing): suite.stages takes exit 1 as the harness's end only beside a
+complete INVALID record (so also an exception while plotting, after that record: its plots are missing).
 """
 from __future__ import annotations
 
@@ -75,6 +82,11 @@ from suite.runner import jsonable, make_spec, open_session
 SCHEMA = "duplexcadence.duplex/1"
 MIN_SECONDS = 60.0             # issue 7: zero misses "over 60 s"
 MODES = ("stock", "cadence")
+EXIT_INVALID = 1               # main's exit status for a complete INVALID record
+#: Invalid reasons that are not about bytes (`invalid_codes`); every other reason compares bytes.
+NOT_FINISHED = "run not finished"          # a checkpoint's (verdict PARTIAL)
+DIRTY_TREE = "dirty tree: uncommitted changes (see provenance.git_status)"    # suite.runner's wording
+SHORT_RUN = "max zero-miss sessions is over a shorter run"                   # ends the reason
 
 #: How stock runs N sessions, per architecture (module docstring says why).
 STOCK_SHARING = {
@@ -220,6 +232,36 @@ def check_against_reference(run: dict, refs: dict[int, list], variants: int) -> 
             bad.append(f"{run['mode']} N={run['sessions']} session {s}: unit {first} differs from the same "
                        f"session run alone")
     return bad
+
+
+def record_reasons(record: dict) -> list[str]:
+    """A record's invalid reasons: its top-level ones, plus, in a checkpoint (verdict PARTIAL, whose top level
+    says only NOT_FINISHED), its workloads' reasons so far."""
+    reasons = list(record.get("invalid_reasons") or [])
+    if record.get("verdict") == "PARTIAL":
+        reasons += [r for w in (record.get("workloads") or {}).values() for r in w.get("invalid_reasons") or []]
+    return reasons
+
+
+def invalid_codes(reasons: list[str]) -> list[str]:
+    """One code per invalid reason, suite.runner's where they mean the same: "partial" (NOT_FINISHED),
+    "dirty_tree", "short_run" (runs shorter than MIN_SECONDS), and "mismatch" for any other: a workload's
+    reasons all compare bytes (a session against the same session alone, `check_against_reference`;
+    cadence's one-session run against stock's), and an unknown reason is counted as one (it fails)."""
+    def code(reason: str) -> str:
+        if reason == NOT_FINISHED:
+            return "partial"
+        if reason == DIRTY_TREE:
+            return "dirty_tree"
+        return "short_run" if reason.endswith(SHORT_RUN) else "mismatch"
+    return [code(r) for r in reasons]
+
+
+def _write_json(path: Path, record: dict) -> None:
+    """Write atomically (a process killed at its time limit mid-write leaves the previous checkpoint)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(jsonable(record), indent=1))
+    tmp.replace(path)
 
 
 # --- the whole measurement --------------------------------------------------------------------------
@@ -413,8 +455,8 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
     def checkpoint(partial: dict) -> None:
         """After every run: duplex.json with what was measured so far (verdict PARTIAL until the end)."""
         snap = {**record, "workloads": {**record["workloads"], partial["workload"]: partial},
-                "verdict": "PARTIAL", "invalid_reasons": ["run not finished"]}
-        (out / "duplex.json").write_text(json.dumps(jsonable(snap), indent=1))
+                "verdict": "PARTIAL", "invalid_reasons": [NOT_FINISHED]}
+        _write_json(out / "duplex.json", snap)
 
     with env.deterministic() as det:
         record["determinism"] = det
@@ -428,16 +470,16 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
                 progress=args.progress, on_run=checkpoint)
     reasons = [r for w in record["workloads"].values() for r in w["invalid_reasons"]]
     if prov.get("git_dirty"):
-        reasons.append("dirty tree: uncommitted changes (see provenance.git_status)")
+        reasons.append(DIRTY_TREE)
     if args.seconds < MIN_SECONDS:
-        reasons.append(f"{args.seconds:g} s < {MIN_SECONDS:g} s: max zero-miss sessions is over a shorter run")
+        reasons.append(f"{args.seconds:g} s < {MIN_SECONDS:g} s: {SHORT_RUN}")
     record["verdict"] = "INVALID" if reasons else "VALID"
     record["invalid_reasons"] = reasons
-    (out / "duplex.json").write_text(json.dumps(jsonable(record), indent=1))
+    _write_json(out / "duplex.json", record)
     if not args.no_plots:
         from suite.duplex_plot import plot_all
         record["plots"] = plot_all(record, out)
-        (out / "duplex.json").write_text(json.dumps(jsonable(record), indent=1))
+        _write_json(out / "duplex.json", record)
     if args.progress:
         for name, w in record["workloads"].items():
             for mode, m in w["modes"].items():
@@ -545,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_args(args)
     record = run(args, ["python", "-m", "suite.duplex", *argv])
-    return 0 if record["verdict"] == "VALID" else 1
+    return 0 if record["verdict"] == "VALID" else EXIT_INVALID
 
 
 if __name__ == "__main__":

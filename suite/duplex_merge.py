@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from suite.duplex import SCHEMA, OneLineParser
+from suite.duplex import NOT_FINISHED, SCHEMA, OneLineParser, record_reasons
 
 
 RECORD_KEYS = ("parameters", "provenance", "verdict", "invalid_reasons", "workloads")   # what merge() reads
@@ -54,9 +54,7 @@ def merge(records: list[dict]) -> dict:
             out["parameters"][key] = {m: v for r in records for m, v in r["parameters"][key].items()}
     reasons = []
     for i, r in enumerate(records):
-        reasons += [f"part {i}: {x}" for x in r["invalid_reasons"]]
-        if r.get("verdict") == "PARTIAL":  # a checkpoint's top level says only "run not finished"
-            reasons += [f"part {i}: {x}" for w in r["workloads"].values() for x in w["invalid_reasons"]]
+        reasons += [f"part {i}: {x}" for x in record_reasons(r)]     # a checkpoint's: its runs' so far too
         for name, w in r["workloads"].items():
             dst = out["workloads"].setdefault(name, {**{k: v for k, v in w.items() if k not in
                                                         ("modes", "reference", "invalid_reasons",
@@ -78,7 +76,7 @@ def merge(records: list[dict]) -> dict:
                 why = "a one-session run is missing" if a is None or b is None else "they differ"
                 reasons.append(f"{name}: cadence one-session run vs stock one-session run: {why}")
     unfinished = [i for i, r in enumerate(records) if r.get("verdict") == "PARTIAL"]
-    other = [x for x in reasons if not x.endswith(": run not finished")]
+    other = [x for x in reasons if not x.endswith(f": {NOT_FINISHED}")]
     out["verdict"] = "INVALID" if other else ("PARTIAL" if unfinished else "VALID")
     out["invalid_reasons"] = reasons
     return out

@@ -29,7 +29,8 @@ option: a run folder may be resumed with other GPUs or none.
 
 Exit status: 0 when every selected stage is done or skipped and every record is byte-identical and VALID
 (or INVALID only for too few units in a run cut short on purpose); 1 when a stage failed or a record is
-not; 2 for bad arguments or an unusable run folder; 3 when the budget ran out with stages pending
+not (a duplex stage's duplex.json as a verify stage's run.json: a session differing from itself alone, or a
+dirty tree, fails); 2 for bad arguments or an unusable run folder; 3 when the budget ran out with stages pending
 (rerun with --resume).
 """
 from __future__ import annotations
@@ -105,8 +106,11 @@ def parse_args(argv: list[str] | None):
 
 
 def tolerated(codes: list[str], limited: bool) -> bool:
-    """True if every INVALID code is 'few_units' of a run cut short on purpose."""
-    return limited and all(c == "few_units" for c in codes)
+    """True if every INVALID code is 'few_units' of a run cut short on purpose (and there is one).
+    A duplex stage's codes (suite.duplex.invalid_codes) are never tolerated: "mismatch" is bytes,
+    "dirty_tree" is not tolerated in verify either, and "short_run" is not cut on purpose, since a duplex
+    stage runs suite.stages.DUPLEX_SECONDS per count whatever --seconds says."""
+    return limited and bool(codes) and all(c == "few_units" for c in codes)
 
 
 def parse_gpus(text: str | None, device: str) -> list[int] | None:
@@ -239,14 +243,21 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
 
 
 def _status(state, chosen, sitting, limited: bool) -> int:
+    """The exit status (module docstring). A duplex stage's INVALID record counts as a verify stage's:
+    bytes that differ always fail, other codes unless `tolerated`."""
+    from suite import stages
+
     bad = []
     for s in chosen:
         st = state.stages[s.name]
+        differ = (f"{len(st.mismatched_units)} session(s) differ from the same session alone: "
+                  f"{st.mismatched_units}" if stages.family(s.harness) == "duplex" else
+                  f"{len(st.mismatched_units)} unit(s) differ: {st.mismatched_units}")
         if st.status == "failed":
-            bad.append(f"{s.name}: failed: {st.reason}")
+            bad.append(f"{s.name}: failed: {st.reason}" + (f"; before it, {differ}" if st.mismatched_units else ""))
         elif st.status == "done" and st.verdict == "INVALID":
             if st.mismatched_units:
-                bad.append(f"{s.name}: {len(st.mismatched_units)} unit(s) differ: {st.mismatched_units}")
+                bad.append(f"{s.name}: {differ}")
             elif not tolerated(st.invalid_codes, limited):
                 bad.append(f"{s.name}: verdict INVALID: {st.invalid_codes}")
     for line in bad:

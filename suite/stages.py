@@ -14,7 +14,10 @@ harness's own module), with a time budget. Stage names are `<workload>.<harness>
   sitting (a lent GPU runs one command for at most 600 s); the counts and policy per mode and workload are
   `DUPLEX_SESSIONS`. Writes `duplex.json` (schema duplexcadence.duplex/1) and plots. `suite.claims` joins
   the two modes' records with `suite.duplex_merge.merge` (stock == cadence recomputed from the one-session
-  runs); while only one is done the report shows that mode and the other's status.
+  runs); while only one is done the report shows that mode and the other's status. A duplex stage is
+  `done` when its harness ran to the end, whatever the verdict of its duplex.json (suite.duplex exits
+  `EXIT_INVALID` for an INVALID record, as a verify stage's INVALID run.json); it is `failed` when the
+  process crashed or timed out, its duplex.json then PARTIAL (the runs measured before, still reported).
 
 All write into `<run dir>/<stage name>/`, plus `log.txt` (the process's output).
 
@@ -22,7 +25,8 @@ A stage that cannot run here is **skipped with its reason** (a harness module th
 workload variant its adapter does not implement, a mode the adapter does not declare); skipped stages are
 checked again on every run. State lives in `<run dir>/stages.json` (`State`): per stage its status
 (`done` | `failed` | `skipped` | `pending`; `running` while its process runs), seconds, attempts, return
-code, reason, the stage's verdict and provenance (command, git rev, impl/ tree, the GPU it ran on, its
+code, reason, the stage's verdict (run.json's, or duplex.json's: VALID / INVALID / PARTIAL) with its invalid
+reasons, codes and byte mismatches, and provenance (command, git rev, impl/ tree, the GPU it ran on, its
 started_utc / ended_utc to the millisecond, and `overlapped`: the stages whose times overlapped its own,
 derived from the recorded times when it ended, `overlapping`); per sitting the command, budget, GPUs and
 where it stopped. `--resume` keeps `done` stages and reruns `failed` and `pending` ones; a sitting
@@ -237,8 +241,12 @@ class StageState:
     ended_utc: str | None = None
     command: list = field(default_factory=list)
     dir: str | None = None           # relative to the run dir
-    verdict: str | None = None       # the stage record's VALID / INVALID (done stages with a run.json)
+    #: the stage record's VALID / INVALID (run.json; duplex.json of a duplex stage, PARTIAL when its
+    #: process ended before the harness did); None without a record
+    verdict: str | None = None
+    invalid_reasons: list = field(default_factory=list)
     invalid_codes: list = field(default_factory=list)
+    #: bytes that differ: verify's unit indices; a duplex stage's sessions that differ from themselves alone
     mismatched_units: list = field(default_factory=list)
     git_rev: str | None = None       # of the sitting that ran it
     impl_tree: str | None = None
@@ -444,14 +452,48 @@ def inline_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict
     return Outcome("failed", rc, f"exit status {rc}", argv)
 
 
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _read_verdict(out_dir: Path, st: StageState) -> None:
-    path = out_dir / "run.json"
-    st.verdict, st.invalid_codes, st.mismatched_units = None, [], []
-    if path.is_file():
-        rec = json.loads(path.read_text())
+    """The stage record's verdict, invalid reasons and codes, and what differs, into st (None and [] where
+    there is no record). verify, memory: run.json (mismatched_units: unit indices). duplex: duplex.json,
+    complete (VALID / INVALID) or a checkpoint (PARTIAL, with its runs' reasons so far:
+    `suite.duplex.record_reasons`), codes by `suite.duplex.invalid_codes`, mismatched_units: the reasons
+    that are about bytes (a session differing from the same session alone)."""
+    st.verdict, st.invalid_reasons, st.invalid_codes, st.mismatched_units = None, [], [], []
+    if family(st.harness) == "duplex":
+        rec = _read_json(out_dir / "duplex.json")
+        if rec is None:
+            return
+        from suite.duplex import invalid_codes, record_reasons
         st.verdict = rec.get("verdict")
+        st.invalid_reasons = record_reasons(rec)
+        st.invalid_codes = invalid_codes(st.invalid_reasons)
+        st.mismatched_units = [r for r, c in zip(st.invalid_reasons, st.invalid_codes) if c == "mismatch"]
+        return
+    rec = _read_json(out_dir / "run.json")
+    if rec is not None:
+        st.verdict = rec.get("verdict")
+        st.invalid_reasons = list(rec.get("invalid_reasons", []))
         st.invalid_codes = list(rec.get("invalid_codes", []))
         st.mismatched_units = list((rec.get("comparison") or {}).get("mismatched_units", []))
+
+
+def _ran_to_the_end(stage: Stage, outcome: Outcome, st: StageState) -> bool:
+    """A failed outcome that is a complete INVALID record, not a crash: a duplex stage whose process exited
+    with suite.duplex's EXIT_INVALID and left duplex.json with verdict INVALID (st, read). A Python
+    exception also exits 1, but leaves the last checkpoint (PARTIAL) or nothing (one while plotting, after
+    the complete record, is taken as the end); a timeout or a signal has no such exit status."""
+    if outcome.status != "failed" or family(stage.harness) != "duplex" or st.verdict != "INVALID":
+        return False
+    from suite.duplex import EXIT_INVALID
+    return outcome.returncode == EXIT_INVALID
 
 
 def _instant(text: str | None) -> _dt.datetime | None:
@@ -563,6 +605,8 @@ def run_plan(stages: list[Stage], state: State, options: dict, *, budget_s: floa
                          f"of its {stage.budget_s:g} s budget); rerun with --resume")
         st.command, st.log_tail = list(outcome.command), list(outcome.log_tail)
         _read_verdict(state.run_dir / stage.name, st)
+        if _ran_to_the_end(stage, outcome, st):    # done, verdict INVALID: as a verify stage's
+            st.status, st.reason = "done", ""
         sitting["ran"].append(stage.name)
         log(f"stage {stage.name}: {st.status} in {st.seconds:.1f} s" + _on(st.gpu)
             + (f" beside {', '.join(st.overlapped)}" if st.overlapped else "")

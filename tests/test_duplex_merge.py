@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from suite import duplex
 from suite.duplex_merge import SCHEMA, main, merge
 
 WL = "wl_a"
@@ -168,3 +169,16 @@ def test_cli_out_that_is_a_file_is_one_line_error(tmp_path, capsys):
     assert main([*paths, "--out", str(f), "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--out" in err and f.read_text() == "x"
+
+
+def test_reasons_of_a_checkpoint_and_their_codes():
+    """suite.duplex.record_reasons: a checkpoint's runs' reasons so far besides its top level's (merge and
+    suite.stages read them so); invalid_codes: one per reason, any reason not named counted as bytes."""
+    differs = "cadence N=2 session 1: unit 1 differs from the same session run alone"
+    cut = part("cadence", verdict="PARTIAL", reasons=[duplex.NOT_FINISHED], wl_reasons=[differs])
+    assert duplex.record_reasons(cut) == [duplex.NOT_FINISHED, differs]
+    done = part("cadence", verdict="INVALID", reasons=[differs], wl_reasons=[differs])
+    assert duplex.record_reasons(done) == [differs]                  # the top level has them all
+    reasons = [duplex.NOT_FINISHED, duplex.DIRTY_TREE, f"12 s < 60 s: {duplex.SHORT_RUN}", differs,
+               "session 3: no solo reference for variant 1", "cadence solo run differs from the stock solo run"]
+    assert duplex.invalid_codes(reasons) == ["partial", "dirty_tree", "short_run", "mismatch", "mismatch", "mismatch"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from suite import claims, report, reproduce, stage_run, stages
+from suite import claims, duplex, report, reproduce, stage_run, stages
 from test_duplex_merge import WL as MERGE_WL, part
 from test_suite_runner import clean_tree, fake_adapter, workload  # noqa: F401
 
@@ -825,3 +825,143 @@ def test_a_legacy_duplex_entry_is_left_alone_and_listed(fake_registry, clean_tre
     text = (run_dir / "REPORT.md").read_text()
     assert "**Complete**" in text and "1 legacy entries" in text
     assert "legacy (a harness this version does not run" in _section(text, "Stages")
+
+
+# --- a duplex stage's verdict ------------------------------------------------------------------------------
+SEGFAULT = "exit status -11: Fatal Python error: Segmentation fault"
+TIMEOUT = "timed out after 560 s (killed); rerun with --resume and a larger --stage-budget-s"
+
+
+def duplex_record(workload_name: str, mode: str, verdict: str = "VALID", reasons=()) -> dict:
+    """duplex_part as suite.duplex writes it: INVALID with `reasons` at the top level and the byte
+    mismatches among the workload's reasons; PARTIAL: a checkpoint (top level: run not finished)."""
+    rec = duplex_part(workload_name, mode)
+    w = rec["workloads"][workload_name]
+    w["invalid_reasons"] = [r for r in reasons if "differs" in r]
+    rec["verdict"] = verdict
+    rec["invalid_reasons"] = [duplex.NOT_FINISHED] if verdict == "PARTIAL" else list(reasons)
+    if verdict == "PARTIAL":
+        w["modes"][mode]["partial"] = True
+    return rec
+
+
+class DuplexStages(Stub):
+    """Stands in for `suite.duplex --modes <mode>` run by subprocess_executor: per harness the duplex.json it
+    leaves (None: none) and how its process ended (exit status, or "timeout"); default a VALID record, exit 0."""
+
+    def __init__(self, records: dict | None = None, ends: dict | None = None):
+        super().__init__(seconds=100.0)
+        self.records, self.ends = records or {}, ends or {}
+
+    def __call__(self, stage, out_dir, timeout_s, options, *, gpu=None):
+        self.calls.append((stage.name, timeout_s))
+        self.now += self.seconds
+        out_dir.mkdir(parents=True, exist_ok=True)
+        rec = self.records.get(stage.harness, duplex_record(stage.workload, stage.mode))
+        if rec is not None:
+            (out_dir / "duplex.json").write_text(json.dumps(rec))
+        end = self.ends.get(stage.harness, 0)
+        if end == "timeout":
+            return stages.Outcome("failed", None, TIMEOUT, ["duplex stub"])
+        if end == 0:
+            return stages.Outcome("done", 0, "", ["duplex stub"])
+        tail = {1: "exit status 1: verdict INVALID", -11: SEGFAULT}.get(end, f"exit status {end}")
+        return stages.Outcome("failed", end, tail, ["duplex stub"], [tail])
+
+
+DUPLEX_PLAN = [stages.Stage("w", h, 560.0) for h in ("duplex_stock", "duplex_cadence")]
+
+
+def test_a_duplex_stages_verdict_is_read_from_its_duplex_json(tmp_path):
+    state, _ = run(tmp_path, DUPLEX_PLAN, DuplexStages())
+    disk = on_disk(tmp_path)
+    for name in ("w.duplex_stock", "w.duplex_cadence"):
+        assert {k: disk[name][k] for k in ("status", "verdict", "invalid_codes", "mismatched_units")} == {
+            "status": "done", "verdict": "VALID", "invalid_codes": [], "mismatched_units": []}, name
+    text = claims.write(tmp_path).read_text()
+    assert "Stage verdicts: 2 VALID, 0 INVALID." in text
+    assert re.search(r"\| w\.duplex_cadence +\| done .*\| VALID +\|", _section(text, "Stages"))
+
+
+MISMATCH = "cadence N=2 session 1: unit 1 differs from the same session run alone"
+
+
+@pytest.mark.parametrize("reasons, codes, message", [
+    pytest.param([MISMATCH], ["mismatch"], f"1 session(s) differ from the same session alone: ['{MISMATCH}']",
+                 id="session-differs-from-itself-alone"),
+    pytest.param([duplex.DIRTY_TREE], ["dirty_tree"], "verdict INVALID: ['dirty_tree']", id="dirty-tree"),
+    pytest.param([f"30 s < 60 s: {duplex.SHORT_RUN}"], ["short_run"], "verdict INVALID: ['short_run']",
+                 id="short-run"),
+])
+@pytest.mark.parametrize("limited", [False, True], ids=["full", "limited"])
+def test_an_invalid_duplex_record_is_done_and_fails_reproduce_like_verify(
+        fake_registry, clean_tree, tmp_path, capsys, reasons, codes, message, limited):  # noqa: F811
+    """suite.duplex ran to the end and exits EXIT_INVALID: the stage is done with verdict INVALID (not failed:
+    resume does not rerun it), and reproduce exits 1 as for a verify stage's INVALID run.json. No duplex code
+    is tolerated, not even in a run cut short with --max-speak-units (a duplex stage runs its 60 s anyway)."""
+    run_dir = tmp_path / "run"
+    stub = DuplexStages({"duplex_cadence": duplex_record("fake", "cadence", "INVALID", reasons)},
+                        {"duplex_cadence": duplex.EXIT_INVALID})
+    args = ["--device", "cpu", "--workload", "fake", "--stages", "duplex", "--run-dir", str(run_dir),
+            *(["--max-speak-units", "4"] if limited else [])]
+    assert reproduce.main(args, execute=stub) == 1
+    st = on_disk(run_dir)["fake.duplex_cadence"]
+    assert (st["status"], st["reason"], st["verdict"]) == ("done", "", "INVALID")
+    assert st["invalid_codes"] == codes and st["invalid_reasons"] == reasons
+    assert st["mismatched_units"] == ([MISMATCH] if codes == ["mismatch"] else [])
+    assert on_disk(run_dir)["fake.duplex_stock"]["verdict"] == "VALID"
+    assert f"FAIL: fake.duplex_cadence: {message}" in capsys.readouterr().err
+    text = (run_dir / "REPORT.md").read_text()
+    assert "**Complete**" in text and f"1 INVALID; fake.duplex_cadence: {codes[0]}." in text
+    assert f"cadence: INVALID ({codes[0]})" in _section(text, "Sessions per GPU")
+    again = DuplexStages()
+    assert reproduce.main([*args, "--resume"], execute=again) == 1 and again.calls == []   # done: kept
+
+
+def test_tolerated_needs_a_code():
+    assert reproduce.tolerated(["few_units"], True) and not reproduce.tolerated(["few_units"], False)
+    assert not reproduce.tolerated([], True)               # INVALID without a code: not a short run
+    assert not any(reproduce.tolerated([c], True) for c in ("mismatch", "dirty_tree", "short_run"))
+
+
+@pytest.mark.parametrize("record, end", [
+    pytest.param("PARTIAL", 1, id="exception-after-a-checkpoint"),
+    pytest.param(None, 1, id="exception-before-any-run"),
+    pytest.param("VALID", 1, id="exception-after-a-valid-record"),
+    pytest.param("INVALID", -11, id="signal"),
+    pytest.param("INVALID", "timeout", id="timeout"),
+    pytest.param("PARTIAL", 2, id="other-status"),
+])
+def test_a_duplex_crash_is_failed_not_done(tmp_path, record, end):
+    """Only suite.duplex's own EXIT_INVALID beside a complete INVALID record is the harness's end; a Python
+    exception (exit 1 too) leaves a checkpoint or nothing, a timeout or signal has no such status."""
+    rec = None if record is None else duplex_record("w", "cadence", record, [duplex.DIRTY_TREE])
+    state, _ = run(tmp_path, DUPLEX_PLAN, DuplexStages({"duplex_cadence": rec}, {"duplex_cadence": end}))
+    st = state.stages["w.duplex_cadence"]
+    assert st.status == "failed" and st.reason and st.verdict == record
+    assert state.stages["w.duplex_stock"].status == "done"
+
+
+@pytest.mark.parametrize("end, reason", [(-11, SEGFAULT), ("timeout", TIMEOUT)], ids=["segfault", "timeout"])
+def test_a_failed_duplex_stage_still_reports_the_runs_it_measured(tmp_path, end, reason):
+    """As on the H200: a segfault at 32 sessions after the 1- and 24-session runs were checkpointed, or the time
+    limit cutting the last count. The stage stays failed (resume reruns it); the report shows its runs, PARTIAL,
+    with the counts it holds and the failure reason."""
+    stub = DuplexStages({"duplex_cadence": duplex_record("w", "cadence", "PARTIAL")}, {"duplex_cadence": end})
+    state, _ = run(tmp_path, DUPLEX_PLAN, stub)
+    st = state.stages["w.duplex_cadence"]
+    assert (st.status, st.reason, st.verdict, st.invalid_codes) == ("failed", reason, "PARTIAL", ["partial"])
+    text = claims.write(tmp_path).read_text()
+    mark = f"cadence: PARTIAL, N=1,2 measured (failed: {reason})"
+    speak = next(line for line in _section(text, "SPEAK time against the 1 s cadence").splitlines()
+                 if line.startswith("| w "))
+    assert "-41.5%" in speak and mark in speak                       # cadence's one-session run, measured
+    assert "duplex (w.duplex_stock/duplex.json, w.duplex_cadence/duplex.json)" in speak
+    sessions = next(line for line in _section(text, "Sessions per GPU").splitlines() if line.startswith("| w "))
+    assert "| 3 | 25 (PARTIAL) | 8.3x |" in re.sub(r" +\|", " |", sessions) and mark in sessions
+    assert "**Incomplete**" in text and "1 PARTIAL (failed after measuring some runs): w.duplex_cadence" in text
+    again = DuplexStages()
+    run(tmp_path, DUPLEX_PLAN, again, resume=True)
+    assert [c[0] for c in again.calls] == ["w.duplex_cadence"]
+    text = claims.write(tmp_path).read_text()
+    assert "PARTIAL" not in _section(text, "Sessions per GPU") and "Stage verdicts: 2 VALID" in text
