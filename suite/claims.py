@@ -34,7 +34,7 @@ import numpy as np
 
 from suite.duplex_merge import merge as merge_duplex
 from suite.report import DASH, PUBLISHED, _f, _table
-from suite.stages import HARNESSES, TIMED_HARNESSES, family, overlapping
+from suite.stages import HARNESSES, TIMED_HARNESSES, check_data, family, overlapping
 
 FLOW_HIFT = "flow_hift"        # the architecture the published figures were measured on (MiniCPM-o 4.5)
 PLOTS = ("speedup.png", "memory.png", "tail_per_unit.png")
@@ -58,12 +58,13 @@ def load(run_dir: str | Path) -> dict:
     a done duplex stage's {"file" (relative to the run dir), "record"} (`_duplex_record`), or a failed or
     pending per-mode one's whose folder holds its last attempt's checkpoint; "timed": how its last attempt
     was timed (`timed_beside`).
-    Raises FileNotFoundError naming the missing stages.json."""
+    Raises FileNotFoundError naming the missing stages.json, StateError (a ValueError) naming a mis-shaped one."""
     run_dir = Path(run_dir)
     state = _json(run_dir / "stages.json")
     if state is None:
         raise FileNotFoundError(f"{run_dir}/stages.json: missing or unreadable (a folder written by "
                                 f"python -m suite.reproduce)")
+    check_data(state, run_dir / "stages.json")
     out: dict = {}
     for name, st in state.get("stages", {}).items():
         folder = run_dir / (st.get("dir") or name)

@@ -563,6 +563,11 @@ def check_args(args: argparse.Namespace) -> None:
         for name in (w.strip() for w in args.workload.split(",")):
             if name not in workloads.names():
                 raise _usage_error(f"--workload: expected 'all' or some of {workloads.names()}, got {name!r}")
+    from suite.duplex_session import session_units
+    for name in (workloads.names() if args.workload == "all" else [w.strip() for w in args.workload.split(",")]):
+        if not any(u.kind == "SPEAK" for u in session_units(workloads.get(name), args.seconds)):
+            raise _usage_error(f"--seconds: the first {args.seconds:g} s of {name}'s script hold no SPEAK unit "
+                               f"(nothing to measure); give more seconds")
     try:
         device = torch.device(args.device)
     except RuntimeError:

@@ -31,6 +31,22 @@ def _solo_hashes(mode_record: dict) -> list | None:
     return [(u["index"], u["sha256_f32"], u["sha256_pcm16"]) for u in run["units"] if u.get("sha256_f32")]
 
 
+def shape_error(rec: dict) -> str | None:
+    """What is mis-shaped in a record's workloads (the containers merge() walks), or None."""
+    if not isinstance(rec.get("workloads"), dict):
+        return f"'workloads': expected an object, got {type(rec.get('workloads')).__name__}"
+    for name, w in rec["workloads"].items():
+        if not isinstance(w, dict) or not isinstance(w.get("modes", {}), dict):
+            what = "'modes'" if isinstance(w, dict) else "itself"
+            return f"workload {name!r}: {what}: expected an object"
+        for mode, m in w.get("modes", {}).items():
+            if not isinstance(m, dict):
+                return f"workload {name!r} mode {mode!r}: expected an object, got {type(m).__name__}"
+            if not isinstance(m.get("runs", []), list):
+                return f"workload {name!r} mode {mode!r}: 'runs': expected a list, got {type(m['runs']).__name__}"
+    return None
+
+
 def merge(records: list[dict]) -> dict:
     """One record from several (same schema). Raises ValueError for another schema, a mode measured
     twice for one workload, or parts with different cadence periods or AR stages."""
@@ -39,6 +55,8 @@ def merge(records: list[dict]) -> dict:
     for i, r in enumerate(records):
         if r.get("schema") != SCHEMA:
             raise ValueError(f"records[{i}]: expected schema {SCHEMA!r}, got {r.get('schema')!r}")
+        if not r.get("workloads"):
+            raise ValueError(f"records[{i}]: no workloads (nothing measured in that part)")
     for key in ("period_s", "ar", "seconds"):
         vals = {json.dumps(r["parameters"][key]) for r in records}
         if len(vals) > 1:
@@ -108,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = [k for k in RECORD_KEYS if k not in rec]
         if rec.get("schema") == SCHEMA and missing:
             return fail(f"{f}: missing key {missing[0]!r}: not a complete suite.duplex record")
+        if rec.get("schema") == SCHEMA and (why := shape_error(rec)):
+            return fail(f"{f}: {why}: not a suite.duplex record")
         records.append(rec)
     try:
         record = merge(records)

@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     for folder in folders:
         try:
             print(f"wrote {rebuild(folder)}")
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, ValueError) as exc:     # ValueError: suite.stages.StateError
             print(f"error: {exc}", file=sys.stderr)
             return 1
     return 0

@@ -144,6 +144,8 @@ def _names(arg: str | None, device: str) -> list[str]:
     if arg == "all":
         return workloads.names()
     names = [n.strip() for n in arg.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--workload {arg!r}: no workload named; expected 'all' or some of {workloads.names()}")
     unknown = [n for n in names if n not in workloads.names()]
     if unknown:
         raise ValueError(f"--workload {','.join(unknown)}: unknown workload; expected 'all' or some of "

@@ -64,7 +64,7 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -261,6 +261,29 @@ class StateError(ValueError):
     """stages.json cannot be used as asked (wrong schema, other options, an existing state without resume)."""
 
 
+def check_data(data, path) -> None:
+    """Raises StateError naming `path` if a stages.json's content is not shaped as State reads it: an object,
+    `stages` an object of objects with a workload and a harness, only StageState's fields and a known
+    status each, `sittings` a list."""
+    if not isinstance(data, dict):
+        raise StateError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if not isinstance(data.get("stages", {}), dict):
+        raise StateError(f"{path}: 'stages': expected an object, got {type(data['stages']).__name__}")
+    if not isinstance(data.get("sittings", []), list):
+        raise StateError(f"{path}: 'sittings': expected a list, got {type(data['sittings']).__name__}")
+    known = {f.name for f in fields(StageState)}
+    for name, st in data.get("stages", {}).items():
+        if not isinstance(st, dict):
+            raise StateError(f"{path}: stage {name!r}: expected an object, got {type(st).__name__}")
+        missing = [k for k in ("workload", "harness") if not isinstance(st.get(k), str)]
+        unknown = sorted(set(st) - known)
+        if missing or unknown:
+            raise StateError(f"{path}: stage {name!r}: " + (f"no {missing[0]!r}" if missing else
+                                                             f"unknown field(s) {unknown}"))
+        if st.get("status", "pending") not in STATUSES:
+            raise StateError(f"{path}: stage {name!r}: status {st['status']!r}, expected one of {STATUSES}")
+
+
 class State:
     """`<run dir>/stages.json`: options, sittings and per-stage states. `save()` writes atomically, one
     save at a time (a lock: several stages may be in flight)."""
@@ -287,7 +310,11 @@ class State:
         if not resume:
             raise StateError(f"{path} exists: pass --resume to continue that reproduction, or another "
                              f"--run-dir")
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as exc:                   # JSONDecodeError, UnicodeDecodeError
+            raise StateError(f"{path}: not JSON ({exc})") from None
+        check_data(data, path)
         for st in data.get("stages", {}).values():
             if st.get("status") == "running":    # the sitting ended (killed) while this stage ran
                 st["status"], st["reason"] = "failed", "interrupted: the sitting ended while this stage ran"

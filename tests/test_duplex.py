@@ -400,3 +400,16 @@ def test_cli_bad_flag_exits_2_naming_the_flag_before_any_work(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0] and "Traceback" not in err[0]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seconds", ["1", "3"])
+def test_cli_seconds_before_the_first_speak_unit_exits_2_before_any_work(tmp_path, capsys, seconds):
+    # minicpmo45's script opens with 3 LISTEN units: a window without a SPEAK unit measured nothing and then
+    # crashed (KeyError: 0, looking for the one-session reference) after building and running the model
+    with pytest.raises(SystemExit, match="--seconds") as exc:
+        duplex.main(["--workload", "minicpmo45", "--seconds", seconds, "--sessions", "1", "--depth", "reduced",
+                     "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--seconds" in err[0] and "SPEAK" in err[0]
+    assert not (tmp_path / "out").exists()

@@ -182,3 +182,30 @@ def test_reasons_of_a_checkpoint_and_their_codes():
     reasons = [duplex.NOT_FINISHED, duplex.DIRTY_TREE, f"12 s < 60 s: {duplex.SHORT_RUN}", differs,
                "session 3: no solo reference for variant 1", "cadence solo run differs from the stock solo run"]
     assert duplex.invalid_codes(reasons) == ["partial", "dirty_tree", "short_run", "mismatch", "mismatch", "mismatch"]
+
+
+def test_a_part_with_no_workloads_is_an_error():
+    # it used to merge VALID (exit 0) with the other part's mode alone: nothing to pair, nothing compared
+    empty = {**part("stock"), "workloads": {}}
+    with pytest.raises(ValueError, match=r"records\[0\]: no workloads"):
+        merge([empty, part("cadence")])
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda r: r.update(workloads=[]), "'workloads': expected an object"),
+    (lambda r: r["workloads"][WL].update(modes=[]), "'modes': expected an object"),
+    (lambda r: r["workloads"][WL]["modes"].update(stock=[]), "mode 'stock': expected an object"),
+    (lambda r: r["workloads"][WL]["modes"]["stock"].update(runs={}), "'runs': expected a list"),
+])
+def test_cli_mis_shaped_record_is_one_line_error_naming_the_file(tmp_path, capsys, mutate, match):
+    rec = part("stock")
+    mutate(rec)
+    bad, good = tmp_path / "bad.json", tmp_path / "good.json"
+    bad.write_text(json.dumps(rec))
+    good.write_text(json.dumps(part("cadence")))
+    out = tmp_path / "merged"
+    assert main([str(bad), str(good), "--out", str(out), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m suite.duplex_merge: error:")
+    assert "bad.json" in err and match in err
+    assert not out.exists()

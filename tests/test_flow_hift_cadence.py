@@ -227,6 +227,14 @@ BAD = [
     pytest.param([True] + [1] * 24, "int token id", id="bool"),
     pytest.param("abc", "sequence", id="string"),
     pytest.param([1] * 27, "at most 26", id="too-many"),
+    # a 0-d tensor / array raised TypeError (iteration over a 0-d ...) instead of InputError; unordered or
+    # byte containers (a dict's keys, a set, a bytearray, a memoryview) were taken as token ids while bytes was not
+    pytest.param(torch.tensor(5), "sequence", id="tensor-0d"),
+    pytest.param(np.array(5), "sequence", id="array-0d"),
+    pytest.param({1: 2, 3: 4}, "sequence", id="dict"),
+    pytest.param({5, 6}, "sequence", id="set"),
+    pytest.param(bytearray(b"\x01\x02"), "sequence", id="bytearray"),
+    pytest.param(memoryview(b"\x01\x02"), "sequence", id="memoryview"),
 ]
 
 

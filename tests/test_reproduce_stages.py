@@ -965,3 +965,56 @@ def test_a_failed_duplex_stage_still_reports_the_runs_it_measured(tmp_path, end,
     assert [c[0] for c in again.calls] == ["w.duplex_cadence"]
     text = claims.write(tmp_path).read_text()
     assert "PARTIAL" not in _section(text, "Sessions per GPU") and "Stage verdicts: 2 VALID" in text
+
+
+BAD_STAGES_JSON = {
+    "not JSON": "{not json",
+    "a JSON list": "[1, 2]",
+    "a JSON string": '"str"',
+    "stages a list": {"stages": [1]},
+    "stages null": {"stages": None},
+    "a stage a list": {"stages": {"w.verify": [1]}},
+    "a stage without harness": {"stages": {"w.verify": {"workload": "w", "status": "done"}}},
+    "a stage with an unknown key": {"stages": {"w.verify": {"workload": "w", "harness": "verify", "newkey": 1}}},
+    "a stage with an unknown status": {"stages": {"w.verify": {"workload": "w", "harness": "verify",
+                                                               "status": "bogus"}}},
+    "sittings not a list": {"sittings": {}},
+}
+
+
+def _write_bad_state(run_dir: Path, bad) -> str:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if isinstance(bad, dict):
+        bad = json.dumps({"schema": stages.SCHEMA, "created_utc": "x", "options": OPTIONS, "sittings": [],
+                          "stages": {}, "compare": [], **bad})
+    (run_dir / "stages.json").write_text(bad)
+    return bad
+
+
+@pytest.mark.parametrize("what", list(BAD_STAGES_JSON))
+def test_a_corrupt_stages_json_is_a_one_line_error_naming_it_and_left_as_it_was(tmp_path, capsys, what):
+    # a JSON list / string or mis-shaped entries ended in a traceback (AttributeError, TypeError)
+    run_dir = tmp_path / "run"
+    text = _write_bad_state(run_dir, BAD_STAGES_JSON[what])
+    with pytest.raises(stages.StateError, match="stages.json"):
+        stages.State.open(run_dir, OPTIONS, resume=True)
+    stub = Stub()
+    for extra in ([], ["--list"]):
+        argv = ["--device", "cpu", "--run-dir", str(run_dir), "--resume", *extra]
+        assert reproduce.main(argv, execute=stub) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and "stages.json" in err[0]
+    assert stub.calls == [] and (run_dir / "stages.json").read_text() == text
+    assert sorted(p.name for p in run_dir.iterdir()) == ["stages.json"]
+    assert report.main([str(run_dir)]) == 1                   # make report: one line too
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "stages.json" in err[0]
+
+
+def test_an_empty_workload_list_is_an_error_not_an_empty_run(tmp_path, capsys):
+    # `--workload ,` planned nothing, wrote a run folder with an empty report and exited 0
+    stub = Stub()
+    assert reproduce.main(["--device", "cpu", "--workload", ",", "--out", str(tmp_path)], execute=stub) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--workload" in err[0]
+    assert stub.calls == [] and list(tmp_path.iterdir()) == []

@@ -316,7 +316,8 @@ def to_pcm16(wave: np.ndarray) -> np.ndarray:
 
 def check_tokens(tokens, *, name: str = "tokens") -> list[int]:
     """Validate speech token ids: a sequence of ints in [0, 6561). Raises InputError naming the problem."""
-    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+    if (isinstance(tokens, (str, bytes, bytearray, memoryview, set, frozenset, dict))
+            or not hasattr(tokens, "__iter__") or getattr(tokens, "ndim", 1) == 0):
         raise InputError(f"{name}: expected a sequence of ints in [0, {VOCAB_SIZE}), got {type(tokens).__name__}")
     out = []
     for i, t in enumerate(tokens):
