@@ -6,7 +6,8 @@
 # `make bench`      pytest-benchmark microbenchmarks of the runtime's parts
 # `make asv`        asv benchmarks against the current environment, kept under results/asv (history accumulates);
 #                   ASV_MACHINE=h200 names the machine (default: asv's, from the hostname, which a lent GPU host
-#                   changes on every loan)
+#                   changes on every loan). ASV_PYTHONPATH: the benchmarks import this checkout, not the tree a
+#                   shared venv's editable install points at (asv drops PYTHONPATH, passes ASV_PYTHONPATH)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -58,7 +59,7 @@ bench: setup
 asv: setup
 	$(PY) -m pip install -q $(PIP_OFFLINE) "asv>=0.6"
 	$(VENV)/bin/asv machine --yes $(if $(ASV_MACHINE),--machine $(ASV_MACHINE),)
-	$(VENV)/bin/asv run --environment existing:$(PY) --set-commit-hash $${DUPLEXCADENCE_GIT_REV:-$$(git rev-parse HEAD)} $(if $(ASV_MACHINE),--machine $(ASV_MACHINE),) $(ARGS)
+	ASV_PYTHONPATH=$(CURDIR)/impl:$(CURDIR) $(VENV)/bin/asv run --environment existing:$(PY) --set-commit-hash $${DUPLEXCADENCE_GIT_REV:-$$(git rev-parse HEAD)} $(if $(ASV_MACHINE),--machine $(ASV_MACHINE),) $(ARGS)
 	$(VENV)/bin/asv publish
 
 clean:
