@@ -21,9 +21,14 @@ recorded `overlapped`, or for a stages.json written before that field, the same 
 recorded started_utc / ended_utc (`suite.stages.overlapping`). The cadence tail is host-bound and runs
 slower beside another stage (suite.stages.TIMED_HARNESSES); memory figures are per GPU and not marked.
 
-Noise: the band of a speedup is [stock p10 / cadence p90, stock p90 / cadence p10] over the measured
-units of one run. `--compare REF` puts a reference run's ratios beside ours and says whether ours lies in
-the reference's band ("within the noise the reference reports").
+Noise: where a verify record has several timing rounds (suite.runner.verify(rounds=R); R =
+suite.stages.VERIFY_ROUNDS on CUDA), its speedup is the median of the rounds' speedups and its band their
+min-max: the spread between fresh sessions of one process, in alternating order. An older record (one
+round) keeps the band [stock p10 / cadence p90, stock p90 / cadence p10] over its measured units, much
+wider. The speedup table gives the host probe (`suite.env.host_op_us`, microseconds per eager op) of the
+rounds beside it: the stock tails are host-bound, so a slower host moves stock and the ratio with it.
+`--compare REF` puts a reference run's ratios beside ours and says whether ours lies in the reference's
+band ("within the noise the reference reports").
 """
 from __future__ import annotations
 
@@ -213,13 +218,32 @@ def spread(tails: np.ndarray) -> tuple[float, float, float] | None:
     return float(p10), float(p50), float(p90)
 
 
+def timing_rounds(record: dict | None) -> list[dict]:
+    """The verify record's timing rounds that have a speedup ([] for an older record or one round)."""
+    rounds = ((record or {}).get("comparison") or {}).get("rounds") or []
+    return [r for r in rounds if isinstance(r, dict) and r.get("speedup_x")]
+
+
 def speedup(record: dict | None) -> dict | None:
-    """{x, lo, hi, stock, cadence}: stock p50 / cadence p50 and its p10-p90 band; None without both."""
+    """{x, lo, hi, band, stock, cadence, units, host}: None without both modes measured.
+    With two or more timing rounds: x the median of the rounds' speedups, [lo, hi] their min and max,
+    band "N rounds"; else x = stock p50 / cadence p50 of the one session per mode, [lo, hi] = [stock p10 /
+    cadence p90, stock p90 / cadence p10] over the measured units, band "units". stock, cadence: (p10, p50,
+    p90) tail ms of round 1. host: (min, max) of the rounds' host probes in microseconds per eager op, or
+    None."""
     s, c = spread(measured_tails(record, "stock")), spread(measured_tails(record, "cadence"))
     if s is None or c is None:
         return None
-    return {"x": s[1] / c[1], "lo": s[0] / c[2], "hi": s[2] / c[0], "stock": s, "cadence": c,
-            "units": int(measured_tails(record, "cadence").size)}
+    out = {"x": s[1] / c[1], "lo": s[0] / c[2], "hi": s[2] / c[0], "band": "units", "stock": s, "cadence": c,
+           "units": int(measured_tails(record, "cadence").size), "host": None}
+    rounds = timing_rounds(record)
+    probes = [v for r in rounds for v in (r.get("host_us_per_op") or {}).values() if isinstance(v, (int, float))]
+    if probes:
+        out["host"] = (min(probes), max(probes))
+    if len(rounds) >= 2:
+        xs = [float(r["speedup_x"]) for r in rounds]
+        out.update(x=float(np.median(xs)), lo=min(xs), hi=max(xs), band=f"{len(xs)} rounds")
+    return out
 
 
 def memory_figures(entries: dict) -> dict:
@@ -292,22 +316,23 @@ def speedup_table(data: dict) -> str:
         steps = (rec or {}).get("parameters", {}).get("euler_steps")
         if sp is None:
             rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"), DASH, DASH,
-                         f"not measured ({_status(e, 'verify')})", DASH, DASH, DASH, DASH])
+                         f"not measured ({_status(e, 'verify')})", DASH, DASH, DASH, DASH, DASH])
             continue
         timed = e["verify"].get("timed")
         s, c = sp["stock"], sp["cadence"]
         ms, mc = (rec["modes"][m]["metrics"] for m in ("stock", "cadence"))
         rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"),
                      f"{s[1]:.1f} [{s[0]:.1f}-{s[2]:.1f}]", f"{c[1]:.1f} [{c[0]:.1f}-{c[2]:.1f}]",
-                     f"{sp['x']:.2f}x [{sp['lo']:.2f}-{sp['hi']:.2f}]", str(sp["units"]),
+                     f"{sp['x']:.2f}x [{sp['lo']:.2f}-{sp['hi']:.2f}] ({sp['band']})", str(sp["units"]),
                      f"{_f(ms.get('kernel_launches_per_unit_p50'), '.0f')} -> "
                      f"{_f(mc.get('kernel_launches_per_unit_p50'), '.0f')}",
                      _f(mc.get("tail_over_kernel_busy_x"), ".2f"),
+                     DASH if sp["host"] is None else f"{sp['host'][0]:.1f}-{sp['host'][1]:.1f}",
                      DASH if timed is None else timed or "alone"])
     return _table(rows, ["workload", "Euler steps", "paper", "stock tail ms p50 [p10-p90]",
-                         "cadence tail ms p50 [p10-p90]", "ours: speedup p50 [band]", "units measured",
+                         "cadence tail ms p50 [p10-p90]", "ours: speedup [band]", "units measured",
                          "kernel launches / unit, stock -> cadence", "cadence tail / kernel-busy",
-                         "timed (stages running at the same time)"])
+                         "host us / eager op", "timed (stages running at the same time)"])
 
 
 def memory_table(data: dict) -> str:
@@ -436,8 +461,8 @@ def compare_table(data: dict, refs: dict[str, dict]) -> str:
         if ours and theirs:
             inside = theirs["lo"] <= ours["x"] <= theirs["hi"]
             verdict = "within the reference's noise" if inside else "OUTSIDE the reference's noise"
-            sp = (f"{ours['x']:.2f}x [{ours['lo']:.2f}-{ours['hi']:.2f}] vs {theirs['x']:.2f}x "
-                  f"[{theirs['lo']:.2f}-{theirs['hi']:.2f}]: {verdict}")
+            sp = (f"{ours['x']:.2f}x [{ours['lo']:.2f}-{ours['hi']:.2f}] ({ours['band']}) vs {theirs['x']:.2f}x "
+                  f"[{theirs['lo']:.2f}-{theirs['hi']:.2f}] ({theirs['band']}): {verdict}")
         else:
             sp = "not comparable (a side without both modes measured)"
         m = memory_figures(e)
@@ -628,7 +653,11 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
              gpu_coverage(data, results_root), "",
              "Published figures: one H200, released MiniCPM-o 4.5 weights, whole SPEAK unit. Ours: seeded "
              "random weights, the token-to-audio tail unless a row says otherwise, on the device below. "
-             "Compare ratios, not absolute times. Bands are p10-p90 over the measured units of one run.", "",
+             "Compare ratios, not absolute times. Tail-time bands are p10-p90 over the measured units of round 1; "
+             "a speedup's band is the min-max of the stage's timing rounds (\"N rounds\": fresh sessions of "
+             "one process, alternating order) or, for a record of one round, [stock p10 / cadence p90, stock "
+             "p90 / cadence p10] (\"units\"). Host us / eager op: suite.env.host_op_us around each round (the "
+             "stock tails are host-bound).", "",
              "## Speedup (stock / cadence tail time per SPEAK unit)", "", speedup_table(data), "",
              *([TIMED_NOTE, ""] if any(h.get("timed") and h["state"].get("harness") in TIMED_HARNESSES
                                        for e in data["workloads"].values() for h in e.values()) else []),
@@ -646,8 +675,8 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
         parts += ["## Plots", "", "None: no stage with both modes measured yet, or matplotlib missing.", ""]
     if refs:
         parts += ["## Against the reference run", "",
-                  "Ours is within the reference's noise when our p50 speedup lies in the reference's p10-p90 "
-                  "band. The reference's memory may come from one process for both modes (its runner subtracts "
+                  "Ours is within the reference's noise when our speedup lies in the reference's band (its "
+                  "rounds' min-max, or its unit band for a record of one round). The reference's memory may come from one process for both modes (its runner subtracts "
                   "what the first mode left); ours from one process per mode where the memory stages ran.", "",
                   compare_table(data, refs), ""]
     parts += ["## Stages", "", stages_table(data), "",

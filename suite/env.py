@@ -210,3 +210,33 @@ def deterministic():
         torch.backends.cudnn.benchmark = previous["cudnn_benchmark"]
         torch.backends.cuda.matmul.allow_tf32 = previous["cuda_matmul_allow_tf32"]
         torch.backends.cudnn.allow_tf32 = previous["cudnn_allow_tf32"]
+
+
+def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: int = 5) -> float:
+    """Median microseconds per eager elementwise op (`torch.add` of a 1-element float32 tensor into a
+    preallocated output) issued from Python on `device`, over `repeats` batches of `ops` ops, the device
+    synchronized before and after each batch: the host's cost of dispatching and launching one tiny kernel
+    from eager PyTorch at this moment. A stock tail of n kernels costs at least about n times this on the
+    host (shared/notes/stock_decoders.md: the stock tails are host-bound), so a run's stock time moves
+    with it; `suite.runner.verify` records it around every timing round. About 5-30 ms per call.
+    Raises ValueError for ops or repeats < 1."""
+    if ops < 1 or repeats < 1:
+        raise ValueError(f"ops, repeats: expected >= 1, got {ops}, {repeats}")
+    import time
+
+    device = torch.device(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    x = torch.zeros(1, device=device)
+    y = torch.empty_like(x)
+    for _ in range(min(ops, 100)):                       # warm the dispatcher and the kernel
+        torch.add(x, 1.0, out=y)
+    batches = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            torch.add(x, 1.0, out=y)
+        sync()
+        batches.append((time.perf_counter() - t0) * 1e6 / ops)
+    batches.sort()
+    return float(batches[len(batches) // 2])

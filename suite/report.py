@@ -299,7 +299,18 @@ def summary_text(record: dict) -> str:
                                      "peak MiB over idle", "verdict"], disable_numparse=True)]
     comp = record.get("comparison")
     if comp:
-        if comp.get("speedup_x"):
+        rounds = [r for r in comp.get("rounds") or [] if r.get("speedup_x")]
+        if comp.get("speedup_x") and len(rounds) >= 2:
+            xs = [r["speedup_x"] for r in rounds]
+            lines.append(f"speedup (median of {len(xs)} timing rounds, stock p50 / cadence p50 each): "
+                         f"{comp['speedup_x']:.3f}x [{min(xs):.3f}-{max(xs):.3f}]")
+            for r in rounds:
+                host = r.get("host_us_per_op") or {}
+                lines.append(f"  round {r['round']} ({' then '.join(r['order'])}): {r['stock_tail_ms_p50']:.1f} / "
+                             f"{r['cadence_tail_ms_p50']:.1f} ms = {r['speedup_x']:.3f}x, units equal "
+                             f"{r['units_compared'] - len(r['mismatched_units'])}/{r['units_compared']}, "
+                             f"host {_f(host.get('before'), '.2f')} -> {_f(host.get('after'), '.2f')} us/op")
+        elif comp.get("speedup_x"):
             lines.append(f"speedup (stock p50 / cadence p50): {comp['speedup_x']:.3f}x")
         lines.append(f"units equal: {comp['units_compared'] - len(comp['mismatched_units'])}"
                      f"/{comp['units_compared']}")

@@ -119,6 +119,10 @@ class VerifyResult:
     invalid_reasons: list[str] = field(default_factory=list)
     invalid_codes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: timing rounds (`verify(rounds=R)`): per round {round, order, stock_tail_ms_p50, cadence_tail_ms_p50,
+    #: speedup_x, units_compared, mismatched_units, host_us_per_op: {before, after}}; round 1 is the run
+    #: of `stock` / `cadence` above
+    rounds: list[dict] = field(default_factory=list)
 
     @property
     def modes(self) -> dict[str, RunResult]:
@@ -132,7 +136,8 @@ class VerifyResult:
         comp = None
         if self.cadence is not None:
             comp = {"units": self.comparison, "mismatched_units": self.mismatches,
-                    "units_compared": len(self.comparison), "speedup_x": self.speedup_x}
+                    "units_compared": len(self.comparison), "speedup_x": self.speedup_x,
+                    "rounds": self.rounds}
         return _record(self.stock, self.modes, comp, self.verdict, self.invalid_reasons,
                        self.invalid_codes, self.notes)
 
@@ -549,11 +554,15 @@ def supports_cadence(adapter) -> bool:
 def compare(workload_name: str, stock: RunResult, cadence: RunResult) -> list[dict]:
     """Per decoded unit (every SPEAK unit; LISTEN units with a payload too): {index, equal, detail}, by `runtime.compare_units` (bytes of the float32 waveform
     and of the int16 PCM), recorded instead of raised. A unit missing from one side is not equal."""
+    return _compare_outputs(workload_name, stock.units, stock.outputs, cadence.outputs)
+
+
+def _compare_outputs(workload_name: str, units: list[UnitRecord], stock: dict, cadence: dict) -> list[dict]:
     rows = []
-    for rec in stock.units:
-        if rec.kind != "SPEAK" and rec.index not in stock.outputs:
+    for rec in units:
+        if rec.kind != "SPEAK" and rec.index not in stock:
             continue
-        a, b = stock.outputs.get(rec.index), cadence.outputs.get(rec.index)
+        a, b = stock.get(rec.index), cadence.get(rec.index)
         if a is None or b is None:
             rows.append({"index": rec.index, "equal": False, "detail": "unit missing in one mode"})
             continue
@@ -567,19 +576,34 @@ def compare(workload_name: str, stock: RunResult, cadence: RunResult) -> list[di
 
 def verify(workload, device, *, depth: str = "released", seconds: float | None = None,
            max_speak_units: int | None = None, steps: int | None = None, seed: int | None = None,
-           progress: bool = True, command: list[str] | None = None) -> VerifyResult:
+           progress: bool = True, command: list[str] | None = None, rounds: int = 1) -> VerifyResult:
     """Stock, then cadence, on ONE model instance (two sessions one after the other); compare per unit.
 
+    rounds: timing rounds (>= 1). Round 1 is the stock session then the cadence session above (memory
+    probe and profiled units in it). Each further round opens a fresh session of each mode on the same
+    model, in alternating order (round 2 cadence first, round 3 stock first, ...: a drift of the host's
+    speed during the stage does not favour one mode), hashes and compares every unit again, and times the
+    same measured units as round 1 (no profiler, no memory probe). Each round records its speedup (stock
+    tail p50 / cadence tail p50) and `env.host_op_us` before and after it: the spread of the rounds'
+    speedups is the noise the report gives (suite.claims.speedup), the host probe says how fast the host
+    launched eager kernels meanwhile (stock is host-bound). A differing unit in any round makes the
+    verdict INVALID ("round R: sha256 mismatch at unit I").
+
     Where the adapter has no cadence mode (`supports_cadence`, or new_session raising
-    NotImplementedError), runs stock only and says so in `notes`. Arguments as `run_workload`.
+    NotImplementedError), runs stock only (one round) and says so in `notes`. Other arguments as
+    `run_workload`. Raises ValueError for rounds that is not an int >= 1 (before building anything).
     """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
     device, adapter, spec, seeds, units, params, limited = _setup(
         workload, device, depth, seconds, max_speak_units, steps, seed)
+    params["timing_rounds"] = rounds
     rate = int(getattr(adapter, "SAMPLE_RATE", DEFAULT_SAMPLE_RATE))
     prov = env.provenance(command, device=device)
-    notes = []
+    notes, extra = [], []
     with env.deterministic() as det:
         model, probe = _build(adapter, spec, device, depth, seeds)
+        host_before = env.host_op_us(device)
         stock_out = run_session(adapter, model, "stock", spec, units, device, probe=probe,
                                 label=f"{workload.name} stock", progress=progress)
         stock = _mode_result(workload, "stock", device, depth, params, seeds, prov, det, rate,
@@ -595,10 +619,63 @@ def verify(workload, device, *, depth: str = "released", seconds: float | None =
                 notes.append(f"cadence mode not available: {exc}; stock only")
         else:
             notes.append(f"cadence mode not available in adapter {workload.architecture!r}; stock only")
+        host_first = {"before": host_before, "after": env.host_op_us(device)}
+        if cadence is not None:
+            measured = {u.index for u in cadence.units if u.measured}
+            for r in range(2, rounds + 1):
+                extra.append(_timing_round(workload.name, adapter, model, spec, units, device, r,
+                                           measured, progress))
+        elif rounds > 1:
+            notes.append(f"timing rounds: {rounds} asked, 1 run (no cadence mode to time against)")
     result = _verdict(workload.name, stock, cadence, notes)
+    if cadence is not None:
+        first = {"round": 1, "order": ["stock", "cadence"],
+                 "stock_tail_ms_p50": stock.metrics.get("tail_ms_p50"),
+                 "cadence_tail_ms_p50": cadence.metrics.get("tail_ms_p50"), "speedup_x": result.speedup_x,
+                 "units_compared": len(result.comparison), "mismatched_units": result.mismatches,
+                 "host_us_per_op": host_first}
+        _add_rounds(result, [first, *extra])
     if progress:
         print(summary_table(result))
     return result
+
+
+def _timing_round(name: str, adapter, model, spec: dict, units: list, device, r: int, measured: set,
+                  progress: bool) -> dict:
+    """One further timing round of `verify`: a fresh session per mode, order alternating with r (even r:
+    cadence first); p50 tail over the units in `measured` (round 1's); every unit compared."""
+    order = ["cadence", "stock"] if r % 2 == 0 else ["stock", "cadence"]
+    host_before = env.host_op_us(device)
+    runs = {}
+    for mode in order:
+        recs, outs, _pcm, _mem, _stats = run_session(adapter, model, mode, spec, units, device, probe=None,
+                                                     label=f"{name} {mode} round {r}", progress=progress,
+                                                     profile_units=0)
+        tails = [u.tail_ms for u in recs if u.index in measured and u.tail_ms is not None]
+        runs[mode] = (recs, outs, float(np.percentile(tails, 50)) if tails else None)
+    host = {"before": host_before, "after": env.host_op_us(device)}
+    rows = _compare_outputs(name, runs["stock"][0], runs["stock"][1], runs["cadence"][1])
+    s, c = runs["stock"][2], runs["cadence"][2]
+    return {"round": r, "order": order, "stock_tail_ms_p50": s, "cadence_tail_ms_p50": c,
+            "speedup_x": s / c if s and c else None, "units_compared": len(rows),
+            "mismatched_units": [row["index"] for row in rows if not row["equal"]],
+            "mismatch_details": [row["detail"] for row in rows if not row["equal"]],
+            "host_us_per_op": host}
+
+
+def _add_rounds(result: VerifyResult, rounds: list[dict]) -> None:
+    """Attach the timing rounds; with more than one, the speedup is their median and a differing unit in
+    a later round makes the verdict INVALID."""
+    result.rounds = rounds
+    for rd in rounds[1:]:
+        for idx, detail in zip(rd["mismatched_units"], rd.pop("mismatch_details")):
+            result.invalid_reasons.append(f"round {rd['round']}: sha256 mismatch at unit {idx}: {detail}")
+            result.invalid_codes.append("mismatch")
+    if result.invalid_reasons:
+        result.verdict = "INVALID"
+    xs = [rd["speedup_x"] for rd in rounds if rd["speedup_x"]]
+    if len(rounds) > 1 and xs:
+        result.speedup_x = float(np.median(xs))
 
 
 def _verdict(name: str, stock: RunResult, cadence: RunResult | None, notes: list[str]) -> VerifyResult:

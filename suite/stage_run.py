@@ -3,6 +3,7 @@
     python -m suite.stage_run verify --workload W --device D --out DIR [options]
     python -m suite.stage_run mode --mode stock|cadence --workload W --device D --out DIR [options]
     options: --depth released|reduced --steps N --seconds S --max-speak-units N --seed N --note TEXT --no-progress
+             --rounds R (verify: timing rounds, suite.runner.verify; default 1)
 
 `verify` calls `suite.runner.verify` (stock then cadence on one model instance, compared per unit). `mode`
 calls `suite.runner.run_workload` for ONE mode: this process builds the model and opens one session, so
@@ -38,11 +39,17 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--max-speak-units", type=int, default=None)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="verify: timing rounds, each a fresh session per mode in alternating order (default 1)")
     ap.add_argument("--note", action="append", default=[], help="a note for the record (repeatable)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.harness == "mode" and not args.mode:
         ap.error("harness `mode` needs --mode (stock | cadence | ...)")
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected an int >= 1, got {args.rounds}")
+    if args.harness == "mode" and args.rounds != 1:
+        ap.error(f"--rounds: only for `verify` (a `mode` stage runs one session), got {args.rounds}")
     import re
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         ap.error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
@@ -67,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                   steps=args.steps, seed=args.seed, progress=not args.no_progress, command=command)
     try:
         if args.harness == "verify":
-            result = runner.verify(workload, args.device, **kwargs)
+            result = runner.verify(workload, args.device, rounds=args.rounds, **kwargs)
         else:
             # a memory stage: no profiler (its buffers would count in the driver-level figures)
             result = runner.run_workload(workload, args.mode, args.device, profile_units=0, **kwargs)

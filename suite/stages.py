@@ -93,6 +93,12 @@ BUDGET_S = {
     "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex_stock": 1800,
             "duplex_cadence": 1800},
 }
+#: Timing rounds of a verify stage by device type (suite.runner.verify: each further round a fresh session
+#: per mode, alternating order, every unit compared again): the report's speedup is the median of the rounds
+#: and its noise their spread. 3 on CUDA: a round of the slowest workload (MiniCPM-o, 10 steps) is ~25 s on
+#: the H200 (stock ~14 s, a cadence session's rehearsal ~9 s, cadence ~3 s), well inside verify's 300 s.
+#: 1 on the CPU (the default CPU reproduction runs 4 units at ~1 minute per unit per mode).
+VERIFY_ROUNDS = {"cuda": 3, "cpu": 1}
 ESTIMATE_MARGIN = 1.5                   # a stage is expected to take up to 1.5x its family's slowest done stage
 #: The duplex stages: tail only (AR none), 60 s per session count (issue 7), stop after a count's first miss.
 DUPLEX_SECONDS = 60
@@ -389,6 +395,9 @@ def stage_argv(stage: Stage, out_dir: Path, options: dict) -> list[str]:
             "--depth", options.get("depth") or "released", "--no-progress"]
     if stage.mode:
         argv += ["--mode", stage.mode]
+    else:
+        rounds = options.get("rounds") or VERIFY_ROUNDS["cuda" if options["device"].startswith("cuda") else "cpu"]
+        argv += ["--rounds", str(rounds)]
     for key in ("steps", "seconds", "max_speak_units", "seed"):
         if options.get(key) is not None:
             argv += [f"--{key.replace('_', '-')}", str(options[key])]

@@ -694,6 +694,57 @@ def test_compare_states_whether_ratios_are_within_noise(fake_registry, clean_tre
     assert "OUTSIDE the reference's noise" in _section(text, "Against the reference run")
 
 
+def test_timing_rounds_give_the_speedup_and_its_band(fake_registry, clean_tree, tmp_path):  # noqa: F811
+    """A record with timing rounds: the speedup is their median and the band their min-max (not the much
+    wider unit band), in the table, with the host probe; --compare judges against the reference's rounds."""
+    run_dir = tmp_path / "run"
+    state = stages.State.open(run_dir, OPTIONS, resume=False)
+    stages.run_plan([stages.Stage("fake", "verify", 100.0)], state, OPTIONS, execute=stages.inline_executor,
+                    log=lambda *_: None)
+    path = run_dir / "fake.verify" / "run.json"
+    rec = json.loads(path.read_text())
+
+    def with_rounds(xs, host=(5.0, 6.0)):
+        r = json.loads(json.dumps(rec))
+        r["comparison"]["rounds"] = [{"round": i + 1, "order": ["stock", "cadence"], "stock_tail_ms_p50": 10 * x,
+                                      "cadence_tail_ms_p50": 10.0, "speedup_x": x, "units_compared": 3,
+                                      "mismatched_units": [], "host_us_per_op": {"before": host[0], "after": host[1]}}
+                                     for i, x in enumerate(xs)]
+        return r
+    for mode, ms in (("stock", 10.0), ("cadence", 5.0)):       # a unit band of about [1.9, 2.1]
+        for u in rec["modes"][mode]["units"]:
+            if u["tail_ms"] is not None:
+                u["tail_ms"] = ms * (1 + 0.05 * ((u.get("index", 0) % 3) - 1))
+    ours = with_rounds([2.0, 2.2, 2.1])
+    sp = claims.speedup(ours)
+    assert (sp["x"], sp["lo"], sp["hi"], sp["band"], sp["host"]) == (2.1, 2.0, 2.2, "3 rounds", (5.0, 6.0))
+    one = claims.speedup(with_rounds([2.0]))                       # one round: the unit band, as before
+    assert one["band"] == "units" and one["lo"] < 1.95 and one["hi"] > 2.05
+    path.write_text(json.dumps(ours))
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "run.json").write_text(json.dumps(with_rounds([2.05, 2.15, 2.3])))
+    text = claims.write(run_dir, [str(ref)]).read_text()
+    row = next(line for line in _section(text, "Speedup").splitlines() if line.startswith("| fake"))
+    assert "2.10x [2.00-2.20] (3 rounds)" in row and "5.0-6.0" in row
+    assert "within the reference's noise" in _section(text, "Against the reference run")
+    # the reference's rounds are tight around 1.95: its unit band would hold 2.10, its rounds do not
+    (ref / "run.json").write_text(json.dumps(with_rounds([1.94, 1.95, 1.96])))
+    assert claims.speedup(json.loads((ref / "run.json").read_text()))["hi"] == 1.96
+    text = claims.write(run_dir, [str(ref)]).read_text()
+    assert "OUTSIDE the reference's noise" in _section(text, "Against the reference run")
+
+
+def test_verify_stage_passes_the_device_s_timing_rounds(tmp_path):
+    st = stages.Stage("minicpmo45", "verify", 100.0)
+    for device, rounds in (("cuda", stages.VERIFY_ROUNDS["cuda"]), ("cpu", stages.VERIFY_ROUNDS["cpu"])):
+        argv = stages.stage_argv(st, tmp_path, {**OPTIONS, "device": device})
+        assert argv[argv.index("--rounds") + 1] == str(rounds)
+    mem = stages.stage_argv(stages.Stage("minicpmo45", "memory_stock", 100.0), tmp_path, OPTIONS)
+    assert "--rounds" not in mem
+    assert stages.VERIFY_ROUNDS["cuda"] >= 2                       # the report's band needs two rounds
+
+
 def test_gpu_coverage_names_the_impl_tree_and_head(tmp_path):
     from suite import env
 
@@ -741,6 +792,9 @@ def test_memory_stages_run_one_subprocess_per_mode(tmp_path):
 def test_stage_run_bad_input():
     assert stage_run.main(["mode", "--workload", "moshi", "--device", "cpu", "--out", "x"]) == 2   # no --mode
     assert stage_run.main(["verify", "--workload", "nosuch", "--device", "cpu", "--out", "x"]) == 2
+    assert stage_run.main(["verify", "--workload", "moshi", "--device", "cpu", "--out", "x", "--rounds", "0"]) == 2
+    assert stage_run.main(["mode", "--mode", "stock", "--workload", "moshi", "--device", "cpu", "--out", "x",
+                           "--rounds", "2"]) == 2
 
 
 def _done_duplex_stages(run_dir: Path, records: dict) -> dict:

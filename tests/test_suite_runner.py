@@ -326,6 +326,72 @@ def test_verify_stock_only_when_cadence_not_implemented(monkeypatch, clean_tree)
     assert res.cadence is None and "arena views not written yet" in res.notes[0]
 
 
+def test_verify_timing_rounds_alternate_order_and_take_the_median(fake_adapter, clean_tree, monkeypatch):
+    opened = []
+    real_new = fake_adapter.new_session
+
+    def new_session(model, mode, spec):
+        opened.append(mode)
+        return real_new(model, mode, spec)
+    monkeypatch.setattr(fake_adapter, "new_session", new_session)
+    res = runner.verify(workload(turns=3, speak_per_turn=11), "cpu", progress=False, rounds=3)
+    assert len(fake_adapter.builds) == 1                 # every round on the one model instance
+    assert opened == ["stock", "cadence", "cadence", "stock", "stock", "cadence"]
+    assert [r["round"] for r in res.rounds] == [1, 2, 3]
+    assert [r["order"] for r in res.rounds] == [["stock", "cadence"], ["cadence", "stock"], ["stock", "cadence"]]
+    assert all(r["units_compared"] == 33 and r["mismatched_units"] == [] for r in res.rounds)
+    xs = [r["stock_tail_ms_p50"] / r["cadence_tail_ms_p50"] for r in res.rounds]
+    assert res.speedup_x == pytest.approx(float(np.median(xs)))
+    assert res.rounds[0]["stock_tail_ms_p50"] == res.stock.metrics["tail_ms_p50"]
+    assert all(r["host_us_per_op"]["before"] > 0 and r["host_us_per_op"]["after"] > 0 for r in res.rounds)
+    rec = res.to_dict()
+    assert rec["comparison"]["rounds"] == res.rounds and rec["parameters"]["timing_rounds"] == 3
+    assert res.verdict == "VALID"
+
+
+def test_verify_round_two_mismatch_makes_the_record_invalid(fake_adapter, clean_tree, monkeypatch):
+    """A cadence session that differs only when it is not the first one (state left behind by an earlier
+    session) is caught by the later rounds, with the round in the reason."""
+    wl = workload(turns=2, speak_per_turn=16)
+    speak = [u.index for u in wl.script.units if u.kind == "SPEAK"]
+    cadence_sessions = []
+    real_new = fake_adapter.new_session
+
+    def new_session(model, mode, spec):
+        if mode == "cadence":
+            cadence_sessions.append(1)
+            model["cadence_off_units"] = {speak[7]} if len(cadence_sessions) == 2 else set()
+        return real_new(model, mode, spec)
+    monkeypatch.setattr(fake_adapter, "new_session", new_session)
+    res = runner.verify(wl, "cpu", progress=False, rounds=2)
+    assert res.mismatches == []                          # round 1 equal
+    assert res.rounds[1]["mismatched_units"] == [speak[7]]
+    assert res.verdict == "INVALID" and res.invalid_codes.count("mismatch") == 1
+    i = res.invalid_codes.index("mismatch")
+    assert res.invalid_reasons[i].startswith(f"round 2: sha256 mismatch at unit {speak[7]}: fake: unit")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "3", True, None])
+def test_verify_rejects_bad_rounds_before_building(fake_adapter, bad):
+    with pytest.raises(ValueError, match=r"rounds: expected an int >= 1, got"):
+        runner.verify(workload(), "cpu", progress=False, rounds=bad)
+    assert fake_adapter.builds == []
+
+
+def test_verify_rounds_without_cadence_say_so(monkeypatch, clean_tree):
+    mod = _fake_module(modes=("stock",))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(runtime.ADAPTERS, "fake", mod.__name__)
+    res = runner.verify(workload(), "cpu", progress=False, rounds=3)
+    assert res.rounds == [] and any("timing rounds: 3 asked, 1 run" in n for n in res.notes)
+
+
+def test_host_op_us_measures_and_rejects_bad_counts():
+    assert 0 < env.host_op_us("cpu", ops=200, repeats=3) < 1e5
+    with pytest.raises(ValueError, match="ops, repeats"):
+        env.host_op_us("cpu", ops=0)
+
+
 # --- env and memory --------------------------------------------------------------------------
 def test_provenance_fields():
     prov = env.provenance(["python", "-m", "x"])
