@@ -4,6 +4,7 @@
                               [--steps N] [--seconds S] [--max-speak-units N] [--depth released|reduced]
                               [--seed N] [--out results/] [--run-dir DIR] [--resume] [--budget-s S]
                               [--stage-budget-s S] [--gpus 0,1] [--compare REF ...] [--list]
+    python -m suite.reproduce --run-dir DIR --join OTHER [--join OTHER ...]
 
 Stages (suite.stages): `<workload>.verify` (speedup and bitwise equality, stock then cadence on one
 model), `<workload>.memory_stock` / `.memory_cadence` (one process per mode: driver-level peak and
@@ -25,7 +26,9 @@ runs up to one stage per listed GPU at a time, still started in plan order and u
 rule, each stage's process pinned with CUDA_VISIBLE_DEVICES (`gpu` in stages.json, the first line of its
 log.txt, `env` in its record's provenance); the timed stages (verify, duplex) run alone
 (suite.stages.TIMED_HARNESSES); without it, one stage at a time. `--gpus` is not a recorded
-option: a run folder may be resumed with other GPUs or none.
+option: a run folder may be resumed with other GPUs or none. `--join OTHER` takes into `--run-dir` the stages
+another folder of the same reproduction ran (same recorded options; on another machine, or on a lent machine
+whose every call starts from a fresh copy) and rewrites the report (suite.stages.join).
 
 Exit status: 0 when every selected stage is done or skipped and every record is byte-identical and VALID
 (or INVALID only for too few units in a run cut short on purpose); 1 when a stage failed or a record is
@@ -100,6 +103,10 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--compare", action="append", default=None, metavar="REF",
                     help="a reference run folder to compare ratios with (repeatable), e.g. "
                          "results/2026-11-30-h200-minicpmo45")
+    ap.add_argument("--join", action="append", default=None, metavar="DIR",
+                    help="join into --run-dir the stages another run folder of the same reproduction ran (another "
+                         "machine, or a fresh copy), repeatable; rewrites REPORT.md and runs nothing "
+                         "(suite.stages.join)")
     ap.add_argument("--list", action="store_true", help="print the stages and their state, run nothing")
     ap.add_argument("--no-progress", action="store_true", help="(kept for compatibility; stages log to files)")
     return ap.parse_args(argv)
@@ -185,6 +192,18 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     command = [sys.executable, "-m", "suite.reproduce", *(sys.argv[1:] if argv is None else argv)]
+    if args.join:
+        if not args.run_dir:
+            print("error: --join needs --run-dir (the folder to join into)", file=sys.stderr)
+            return 2
+        try:
+            state = stages.join(Path(args.run_dir), [Path(d) for d in args.join])
+        except stages.StateError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"joined {len(args.join)} folder(s) into {state.path}: {state.counts()}; "
+              f"report {claims.write(Path(args.run_dir), state.data.get('compare') or None)}")
+        return 0
     try:
         device = resolve_device(args.device)
         gpus = parse_gpus(args.gpus, device)

@@ -123,6 +123,8 @@ class VerifyResult:
     #: speedup_x, units_compared, mismatched_units, host_us_per_op: {before, after}}; round 1 is the run
     #: of `stock` / `cadence` above
     rounds: list[dict] = field(default_factory=list)
+    #: the CUDA profile pass (`verify`): {units_compared, mismatched_units, profiled_units: {mode: [index]}}
+    profile_pass: dict | None = None
 
     @property
     def modes(self) -> dict[str, RunResult]:
@@ -137,7 +139,7 @@ class VerifyResult:
         if self.cadence is not None:
             comp = {"units": self.comparison, "mismatched_units": self.mismatches,
                     "units_compared": len(self.comparison), "speedup_x": self.speedup_x,
-                    "rounds": self.rounds}
+                    "rounds": self.rounds, "profile_pass": self.profile_pass}
         return _record(self.stock, self.modes, comp, self.verdict, self.invalid_reasons,
                        self.invalid_codes, self.notes)
 
@@ -589,6 +591,15 @@ def verify(workload, device, *, depth: str = "released", seconds: float | None =
     launched eager kernels meanwhile (stock is host-bound). A differing unit in any round makes the
     verdict INVALID ("round R: sha256 mismatch at unit I").
 
+    Profiling comes last (CUDA): the kernel counts and kernel-busy times (suite.kernels) come from a profile
+    pass after every timing round, a fresh session per mode whose last PROFILED_SPEAK_UNITS SPEAK units run
+    under the profiler; their `kernels` records are attached to round 1's units of the same index, and
+    its bytes are compared too ("profile pass: sha256 mismatch ..."). No timed unit runs after the profiler
+    in the same process: kineto leaves CUPTI attached once it has profiled (pytorch/pytorch#144455: torch
+    does not call cuptiFinalize unless TEARDOWN_CUPTI=1, unsafe with CUDA graphs), which slows every later
+    eager launch (H200, results/2026-11-30-h200-reproduce-4*: the host probe read 6.4-7.1 us/op before
+    round 1 in all 10 verify stages, 8.3-14.5 after it, when round 1 still ended in profiled units).
+
     Where the adapter has no cadence mode (`supports_cadence`, or new_session raising
     NotImplementedError), runs stock only (one round) and says so in `notes`. Other arguments as
     `run_workload`. Raises ValueError for rounds that is not an int >= 1 (before building anything).
@@ -605,14 +616,14 @@ def verify(workload, device, *, depth: str = "released", seconds: float | None =
         model, probe = _build(adapter, spec, device, depth, seeds)
         host_before = env.host_op_us(device)
         stock_out = run_session(adapter, model, "stock", spec, units, device, probe=probe,
-                                label=f"{workload.name} stock", progress=progress)
+                                label=f"{workload.name} stock", progress=progress, profile_units=0)
         stock = _mode_result(workload, "stock", device, depth, params, seeds, prov, det, rate,
                              stock_out, limited)
         cadence = None
         if supports_cadence(adapter):
             try:
                 cadence_out = run_session(adapter, model, "cadence", spec, units, device, probe=probe,
-                                          label=f"{workload.name} cadence", progress=progress)
+                                          label=f"{workload.name} cadence", progress=progress, profile_units=0)
                 cadence = _mode_result(workload, "cadence", device, depth, params, seeds, prov, det,
                                        rate, cadence_out, limited)
             except ModeUnavailable as exc:
@@ -627,7 +638,17 @@ def verify(workload, device, *, depth: str = "released", seconds: float | None =
                                            measured, progress))
         elif rounds > 1:
             notes.append(f"timing rounds: {rounds} asked, 1 run (no cadence mode to time against)")
+        profiled = None
+        if device.type == "cuda":
+            profiled = _profile_pass(workload.name, adapter, model, spec, units, device,
+                                     [m for m, r in (("stock", stock), ("cadence", cadence)) if r is not None],
+                                     progress)
+            for run in (stock, cadence):
+                if run is not None:
+                    attach_kernels(run, profiled["kernels"][run.mode])
     result = _verdict(workload.name, stock, cadence, notes)
+    if profiled is not None:
+        _add_profile_pass(result, profiled)
     if cadence is not None:
         first = {"round": 1, "order": ["stock", "cadence"],
                  "stock_tail_ms_p50": stock.metrics.get("tail_ms_p50"),
@@ -661,6 +682,44 @@ def _timing_round(name: str, adapter, model, spec: dict, units: list, device, r:
             "mismatched_units": [row["index"] for row in rows if not row["equal"]],
             "mismatch_details": [row["detail"] for row in rows if not row["equal"]],
             "host_us_per_op": host}
+
+
+def _profile_pass(name: str, adapter, model, spec: dict, units: list, device, modes: list[str],
+                  progress: bool) -> dict:
+    """verify's last pass on CUDA: a fresh session per mode, its last PROFILED_SPEAK_UNITS SPEAK units under
+    the profiler. Returns {kernels: {mode: {unit index: kernels record}}, rows: compare rows or []}."""
+    kernels, outputs, records = {}, {}, {}
+    for mode in modes:
+        recs, outs, _pcm, _mem, _stats = run_session(adapter, model, mode, spec, units, device, probe=None,
+                                                     label=f"{name} {mode} profile pass", progress=progress,
+                                                     profile_units=PROFILED_SPEAK_UNITS)
+        kernels[mode] = {u.index: u.kernels for u in recs if u.kernels}
+        outputs[mode], records[mode] = outs, recs
+    rows = (_compare_outputs(name, records["stock"], outputs["stock"], outputs["cadence"])
+            if len(modes) == 2 else [])
+    return {"kernels": kernels, "rows": rows}
+
+
+def attach_kernels(run: RunResult, kernels: dict) -> None:
+    """Put profile-pass kernel records ({unit index: record}) on `run`'s units of the same index and
+    recompute its metrics (the kernel figures per unit, tail over kernel-busy). The units keep their own
+    timing: the profiled session's times are not used."""
+    for u in run.units:
+        if u.index in kernels:
+            u.kernels = kernels[u.index]
+    run.metrics = metrics(run.units, run.sample_rate)
+
+
+def _add_profile_pass(result: VerifyResult, profiled: dict) -> None:
+    rows = profiled["rows"]
+    bad = [row for row in rows if not row["equal"]]
+    result.profile_pass = {"units_compared": len(rows), "mismatched_units": [row["index"] for row in bad],
+                           "profiled_units": {m: sorted(k) for m, k in profiled["kernels"].items()}}
+    for row in bad:
+        result.invalid_reasons.append(f"profile pass: sha256 mismatch at unit {row['index']}: {row['detail']}")
+        result.invalid_codes.append("mismatch")
+    if bad:
+        result.verdict = "INVALID"
 
 
 def _add_rounds(result: VerifyResult, rounds: list[dict]) -> None:

@@ -95,8 +95,9 @@ BUDGET_S = {
 }
 #: Timing rounds of a verify stage by device type (suite.runner.verify: each further round a fresh session
 #: per mode, alternating order, every unit compared again): the report's speedup is the median of the rounds
-#: and its noise their spread. 3 on CUDA: a round of the slowest workload (MiniCPM-o, 10 steps) is ~25 s on
-#: the H200 (stock ~14 s, a cadence session's rehearsal ~9 s, cadence ~3 s), well inside verify's 300 s.
+#: and its noise their spread. 3 on CUDA: MiniCPM-o's 10-step verify took 87-88 s with 3 rounds on the H200
+#: (results/2026-11-30-h200-reproduce-4*/stages.json); the profile pass after them (suite.runner.verify,
+#: not yet run on the GPU) adds about one round, ~25 s: well inside verify's 300 s.
 #: 1 on the CPU (the default CPU reproduction runs 4 units at ~1 minute per unit per mode).
 VERIFY_ROUNDS = {"cuda": 3, "cpu": 1}
 ESTIMATE_MARGIN = 1.5                   # a stage is expected to take up to 1.5x its family's slowest done stage
@@ -375,6 +376,79 @@ class Outcome:
 #: Runs one stage: (stage, stage dir, timeout s, options, *, gpu) -> Outcome. gpu: the --gpus index to pin
 #: the stage to, or None (not pinned). Called from a worker thread when run_plan has gpus.
 Executor = Callable[..., Outcome]
+
+
+def _load(run_dir: Path) -> dict:
+    path = Path(run_dir) / "stages.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StateError(f"{path}: no stages.json (expected a reproduction's run folder)") from None
+    except ValueError as exc:
+        raise StateError(f"{path}: not JSON ({exc})") from None
+    check_data(data, path)
+    if data.get("schema") != SCHEMA:
+        raise StateError(f"{path}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
+    return data
+
+
+def join(run_dir: Path, others: list[Path]) -> State:
+    """Join into `run_dir` the stages that other run folders of the SAME reproduction ran: sittings on
+    different machines, or on a lent machine that starts each call from a fresh copy without the folder of
+    the sittings before. Every folder's recorded options must equal run_dir's (a new run_dir takes the
+    first folder's). A stage that is done, failed or skipped in another folder and not done in run_dir is
+    taken over with its folder (copied; run_dir's own attempt's folder replaced); a stage done in both
+    raises StateError (two results for one stage: keep one by hand), as does a folder that is run_dir.
+    The sittings are concatenated in order of their start (each joined one gains `joined_from`).
+    Nothing is written unless every folder passes the checks. Returns the saved State."""
+    import shutil
+
+    run_dir = Path(run_dir)
+    others = [Path(o) for o in others]
+    if not others:
+        raise StateError("join: expected at least one run folder to join")
+    loaded = [(o, _load(o)) for o in others]
+    if (run_dir / "stages.json").exists():
+        data = _load(run_dir)
+    else:
+        first = loaded[0][1]
+        data = {"schema": SCHEMA, "created_utc": first.get("created_utc", utc_now()), "options": first["options"],
+                "sittings": [], "stages": {}, "compare": list(first.get("compare", []))}
+    taken: dict[str, tuple[Path, dict]] = {}
+    for other, od in loaded:
+        if other.resolve() == run_dir.resolve():
+            raise StateError(f"join: {other} is the run folder itself")
+        if od.get("options") != data.get("options"):
+            diff = {k: (data["options"].get(k), od["options"].get(k))
+                    for k in sorted(set(data["options"]) | set(od["options"]))
+                    if data["options"].get(k) != od["options"].get(k)}
+            raise StateError(f"join: {other}/stages.json was started with other options (ours, theirs): {diff}")
+        for name, st in od.get("stages", {}).items():
+            if st.get("status", "pending") in ("pending", "running"):
+                continue
+            ours = taken.get(name, (None, data["stages"].get(name)))[1]
+            if ours and ours.get("status") == "done":
+                if st.get("status") == "done":
+                    where = taken[name][0] if name in taken else run_dir
+                    raise StateError(f"join: stage {name!r} is done in both {where} and {other}; keep one")
+                continue
+            taken[name] = (other, st)
+    for name, (other, st) in taken.items():
+        if st.get("dir"):
+            src, dst = other / st["dir"], run_dir / st["dir"]
+            if dst.exists():
+                shutil.rmtree(dst)
+            if src.is_dir():
+                shutil.copytree(src, dst)
+        data["stages"][name] = st
+    for other, od in loaded:
+        data["sittings"] += [{**s, "joined_from": str(other)} for s in od.get("sittings", [])]
+    data["sittings"].sort(key=lambda s: s.get("started_utc") or "")
+    data["created_utc"] = min([data.get("created_utc") or utc_now()]
+                              + [od.get("created_utc") for _, od in loaded if od.get("created_utc")])
+    state = State(run_dir, data)
+    state.save()
+    return state
 
 
 def stage_argv(stage: Stage, out_dir: Path, options: dict) -> list[str]:

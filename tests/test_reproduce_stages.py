@@ -718,6 +718,11 @@ def test_timing_rounds_give_the_speedup_and_its_band(fake_registry, clean_tree, 
     ours = with_rounds([2.0, 2.2, 2.1])
     sp = claims.speedup(ours)
     assert (sp["x"], sp["lo"], sp["hi"], sp["band"], sp["host"]) == (2.1, 2.0, 2.2, "3 rounds", (5.0, 6.0))
+    old = with_rounds([2.0, 2.2, 2.1])                             # rounds 2+ after round 1's profiled units
+    next(u for u in old["modes"]["stock"]["units"] if u["tail_ms"] is not None)["kernels"] = {"kernels": 1}
+    assert claims.speedup(old)["band"] == "3 rounds; rounds 2+ timed after the profiler"
+    old["comparison"]["profile_pass"] = {"units_compared": 3, "mismatched_units": [], "profiled_units": {}}
+    assert claims.speedup(old)["band"] == "3 rounds"
     one = claims.speedup(with_rounds([2.0]))                       # one round: the unit band, as before
     assert one["band"] == "units" and one["lo"] < 1.95 and one["hi"] > 2.05
     path.write_text(json.dumps(ours))
@@ -743,6 +748,41 @@ def test_verify_stage_passes_the_device_s_timing_rounds(tmp_path):
     mem = stages.stage_argv(stages.Stage("minicpmo45", "memory_stock", 100.0), tmp_path, OPTIONS)
     assert "--rounds" not in mem
     assert stages.VERIFY_ROUNDS["cuda"] >= 2                       # the report's band needs two rounds
+
+
+def test_join_takes_the_stages_other_copies_ran(fake_registry, clean_tree, tmp_path):  # noqa: F811
+    """Two sittings that each started from a fresh copy (a lent machine): each folder holds its own stages;
+    --join puts them into one run folder and one report; a stage done in both, other options or no
+    stages.json are refused before anything is written."""
+    a, b, joined = tmp_path / "a", tmp_path / "b", tmp_path / "joined"
+    for folder, harnesses in ((a, ("verify",)), (b, ("memory_stock", "memory_cadence"))):
+        stages.run_plan([stages.Stage("fake", h, 100.0) for h in harnesses],
+                        stages.State.open(folder, OPTIONS, resume=False), OPTIONS,
+                        execute=stages.inline_executor, log=lambda *_: None)
+    assert reproduce.main(["--join", str(a)]) == 2                          # no --run-dir
+    assert reproduce.main(["--run-dir", str(joined), "--join", str(a), "--join", str(b)]) == 0
+    data = json.loads((joined / "stages.json").read_text())
+    assert sorted(data["stages"]) == ["fake.memory_cadence", "fake.memory_stock", "fake.verify"]
+    assert all(st["status"] == "done" for st in data["stages"].values())
+    assert [s["joined_from"] for s in data["sittings"]] == [str(a), str(b)]
+    for name in data["stages"]:
+        assert (joined / name / "run.json").read_bytes() == ((a if name == "fake.verify" else b) / name /
+                                                             "run.json").read_bytes()
+    text = (joined / "REPORT.md").read_text()
+    assert "3 done" in text and "one process per mode" in _section(text, "Peak memory")
+    before = (joined / "stages.json").read_bytes()
+    with pytest.raises(stages.StateError, match="'fake.verify' is done in both"):
+        stages.join(joined, [a])
+    other = tmp_path / "other"
+    stages.run_plan([stages.Stage("fake", "memory_stock", 100.0)],
+                    stages.State.open(other, {**OPTIONS, "seed": 7}, resume=False), {**OPTIONS, "seed": 7},
+                    execute=stages.inline_executor, log=lambda *_: None)
+    with pytest.raises(stages.StateError, match="other options"):
+        stages.join(tmp_path / "new", [a, other])
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(stages.StateError, match="no stages.json"):
+        stages.join(joined, [tmp_path / "nowhere"])
+    assert (joined / "stages.json").read_bytes() == before
 
 
 def test_gpu_coverage_names_the_impl_tree_and_head(tmp_path):

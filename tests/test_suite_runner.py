@@ -371,6 +371,46 @@ def test_verify_round_two_mismatch_makes_the_record_invalid(fake_adapter, clean_
     assert res.invalid_reasons[i].startswith(f"round 2: sha256 mismatch at unit {speak[7]}: fake: unit")
 
 
+def test_verify_times_no_unit_under_the_profiler(fake_adapter, clean_tree, monkeypatch):
+    """Every timed session runs with profile_units=0 (kineto leaves CUPTI attached after profiling, which
+    slows later launches); the profile pass exists on CUDA only and comes after the timing rounds."""
+    calls = []
+    real = runner.run_session
+
+    def spy(adapter, model, mode, spec, units, device, **kw):
+        calls.append((mode, kw.get("profile_units")))
+        return real(adapter, model, mode, spec, units, device, **kw)
+    monkeypatch.setattr(runner, "run_session", spy)
+    res = runner.verify(workload(turns=3, speak_per_turn=11), "cpu", progress=False, rounds=2)
+    assert calls == [("stock", 0), ("cadence", 0), ("cadence", 0), ("stock", 0)]
+    assert res.profile_pass is None and res.to_dict()["comparison"]["profile_pass"] is None
+
+
+def test_attach_kernels_puts_profile_records_on_the_timed_units(fake_adapter, clean_tree):
+    run = runner.run_workload(workload(turns=3, speak_per_turn=11), "cadence", "cpu", progress=False)
+    speak = [u for u in run.units if u.kind == "SPEAK"]
+    p50 = run.metrics["tail_ms_p50"]
+    last = {u.index: {"kernel_launches": 7, "graph_launches": 2, "kernels": 40 + i, "kernel_busy_ms": 0.5,
+                      "gpu_busy_ms": 0.6, "wall_ms": 99.0} for i, u in enumerate(speak[-3:])}
+    runner.attach_kernels(run, last)
+    assert [u.kernels for u in speak[-3:]] == list(last.values())
+    assert all(u.kernels is None for u in speak[:-3])
+    m = run.metrics
+    assert m["units_profiled"] == 3 and m["kernels_per_unit_p50"] == 41 and m["tail_ms_p50"] == p50
+    assert m["tail_over_kernel_busy_x"] == pytest.approx(p50 / 0.5)
+    assert m["units_measured"] == sum(u.measured for u in speak)       # the timing is round 1's own
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the profile pass runs on CUDA only")
+def test_cuda_verify_profiles_after_the_timing(fake_adapter, clean_tree):
+    res = runner.verify(workload(turns=3, speak_per_turn=11), "cuda", progress=False, rounds=2)
+    pp = res.profile_pass
+    assert pp["units_compared"] == 33 and pp["mismatched_units"] == []
+    assert len(pp["profiled_units"]["stock"]) == runner.PROFILED_SPEAK_UNITS
+    prof = [u for u in res.cadence.units if u.kernels]
+    assert [u.index for u in prof] == pp["profiled_units"]["cadence"] and all(u.measured for u in prof)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "3", True, None])
 def test_verify_rejects_bad_rounds_before_building(fake_adapter, bad):
     with pytest.raises(ValueError, match=r"rounds: expected an int >= 1, got"):
