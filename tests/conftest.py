@@ -1,0 +1,25 @@
+"""Suite-wide test set-up (no fixtures the tests name).
+
+gc: the harnesses call gc.collect() several times per run (suite.memory's probe settles before every
+sample, suite.runner and suite.duplex after every session). A full collection walks every object the
+cyclic collector tracks, and this process holds torch, transformers, moshi and stepaudio2's module objects
+(~180 000 of them; ~0.2-0.5 s a collection), so the fake-adapter runs of test_suite_runner,
+test_report and test_reproduce_stages spent most of their time in gc.collect(). At the start of each
+test module, what is still alive after a collection (imports; session state) is moved to the collector's
+permanent generation (gc.freeze): later collections skip it. Objects made afterwards, models and sessions
+included, are collected as before, and reference counting frees frozen objects as usual; only cyclic
+garbage among the frozen objects would never be collected. Measurements that depend on collection run
+in child processes (suite.memory's probe tests, the memory stages), which this does not touch.
+"""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_long_lived_objects():
+    gc.collect()
+    gc.freeze()
+    yield
