@@ -597,8 +597,8 @@ def verify(workload, device, *, depth: str = "released", seconds: float | None =
     its bytes are compared too ("profile pass: sha256 mismatch ..."). No timed unit runs after the profiler
     in the same process: kineto leaves CUPTI attached once it has profiled (pytorch/pytorch#144455: torch
     does not call cuptiFinalize unless TEARDOWN_CUPTI=1, unsafe with CUDA graphs), which slows every later
-    eager launch (H200, results/2026-11-30-h200-reproduce-4*: the host probe read 6.4-7.1 us/op before
-    round 1 in all 10 verify stages, 8.3-14.5 after it, when round 1 still ended in profiled units).
+    eager launch (H200, results/2026-11-30-h200-reproduce-4*: the host probe read 6.4-7.9 us/op before
+    round 1 in all 10 verify stages, 8.5-13.0 right after it, when round 1 still ended in profiled units).
 
     Where the adapter has no cadence mode (`supports_cadence`, or new_session raising
     NotImplementedError), runs stock only (one round) and says so in `notes`. Other arguments as
