@@ -581,8 +581,8 @@ def verify(workload, device, *, depth: str = "released", seconds: float | None =
            progress: bool = True, command: list[str] | None = None, rounds: int = 1) -> VerifyResult:
     """Stock, then cadence, on ONE model instance (two sessions one after the other); compare per unit.
 
-    rounds: timing rounds (>= 1). Round 1 is the stock session then the cadence session above (memory
-    probe and profiled units in it). Each further round opens a fresh session of each mode on the same
+    rounds: timing rounds (>= 1). Round 1 is the stock session then the cadence session above (the memory
+    probe in it; no profiled unit). Each further round opens a fresh session of each mode on the same
     model, in alternating order (round 2 cadence first, round 3 stock first, ...: a drift of the host's
     speed during the stage does not favour one mode), hashes and compares every unit again, and times the
     same measured units as round 1 (no profiler, no memory probe). Each round records its speedup (stock
@@ -595,8 +595,8 @@ def verify(workload, device, *, depth: str = "released", seconds: float | None =
     pass after every timing round, a fresh session per mode whose last PROFILED_SPEAK_UNITS SPEAK units run
     under the profiler; their `kernels` records are attached to round 1's units of the same index, and
     its bytes are compared too ("profile pass: sha256 mismatch ..."). No timed unit runs after the profiler
-    in the same process: kineto leaves CUPTI attached once it has profiled (pytorch/pytorch#144455: torch
-    does not call cuptiFinalize unless TEARDOWN_CUPTI=1, unsafe with CUDA graphs), which slows every later
+    in the same process: kineto leaves CUPTI attached once it has profiled (pytorch/pytorch#144455: kineto
+    skips cuptiFinalize unless TEARDOWN_CUPTI=1, which torch's own code calls unsafe with CUDA graphs), which slows every later
     eager launch (H200, results/2026-11-30-h200-reproduce-4*: the host probe read 6.4-7.9 us/op before
     round 1 in all 10 verify stages, 8.5-13.0 right after it, when round 1 still ended in profiled units).
 

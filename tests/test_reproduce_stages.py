@@ -782,6 +782,8 @@ def test_join_takes_the_stages_other_copies_ran(fake_registry, clean_tree, tmp_p
     assert not (tmp_path / "new").exists()
     with pytest.raises(stages.StateError, match="no stages.json"):
         stages.join(joined, [tmp_path / "nowhere"])
+    with pytest.raises(stages.StateError, match="is the run folder itself"):
+        stages.join(joined, [joined])
     assert (joined / "stages.json").read_bytes() == before
 
 
