@@ -327,7 +327,7 @@ def speedup_table(data: dict) -> str:
         steps = (rec or {}).get("parameters", {}).get("euler_steps")
         if sp is None:
             rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"), DASH, DASH,
-                         f"not measured ({_status(e, 'verify')})", DASH, DASH, DASH, DASH, DASH])
+                         f"not measured ({_status(e, 'verify')})", DASH, DASH, DASH, DASH, DASH, DASH])
             continue
         timed = e["verify"].get("timed")
         s, c = sp["stock"], sp["cadence"]
@@ -339,11 +339,23 @@ def speedup_table(data: dict) -> str:
                      f"{_f(mc.get('kernel_launches_per_unit_p50'), '.0f')}",
                      _f(mc.get("tail_over_kernel_busy_x"), ".2f"),
                      DASH if sp["host"] is None else f"{sp['host'][0]:.1f}-{sp['host'][1]:.1f}",
+                     unit_host_cell(ms, mc),
                      DASH if timed is None else timed or "alone"])
     return _table(rows, ["workload", "Euler steps", "paper", "stock tail ms p50 [p10-p90]",
                          "cadence tail ms p50 [p10-p90]", "ours: speedup [band]", "units measured",
                          "kernel launches / unit, stock -> cadence", "cadence tail / kernel-busy",
-                         "host us / eager op", "timed (stages running at the same time)"])
+                         "host us / eager op", "per unit p50, stock / cadence (round 1)",
+                         "timed (stages running at the same time)"])
+
+
+def unit_host_cell(ms: dict, mc: dict) -> str:
+    """"A / B us launch, C / D MHz SM" from two modes' metrics (suite.runner.host_p50: the per-unit host
+    samples); a dash for records made before the samples existed."""
+    parts = []
+    for key, spec, label in (("host_op_us_p50", ".1f", "us launch"), ("sm_mhz_p50", ".0f", "MHz SM")):
+        if ms.get(key) is not None or mc.get(key) is not None:
+            parts.append(f"{_f(ms.get(key), spec)} / {_f(mc.get(key), spec)} {label}")
+    return ", ".join(parts) if parts else DASH
 
 
 def memory_table(data: dict) -> str:

@@ -240,3 +240,75 @@ def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: 
         batches.append((time.perf_counter() - t0) * 1e6 / ops)
     batches.sort()
     return float(batches[len(batches) // 2])
+
+
+#: Iterations of `UnitHostSampler`'s pure-Python loop (about 40-100 us on the hosts measured).
+CPU_LOOP_ITERS = 2000
+#: Eager ops of `UnitHostSampler`'s per-unit launch probe (`host_op_us(ops=...)`, one batch: ~1-2 ms on CUDA).
+UNIT_PROBE_OPS = 100
+
+
+def nvml_handle(device: str | torch.device):
+    """(pynvml module, NVML handle) of CUDA device `device` (by its UUID, else by index), or (None, None)
+    without a CUDA device, pynvml or an NVML library. Never raises."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None, None
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        try:
+            return pynvml, pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        except pynvml.NVMLError:
+            return pynvml, pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+    except Exception:  # no pynvml, no NVML library, or an older driver: say so by returning nothing
+        return None, None
+
+
+def cpu_loop_us(iters: int = CPU_LOOP_ITERS, repeats: int = 3) -> float:
+    """Median microseconds of a pure-Python integer loop of `iters` iterations over `repeats` runs: the
+    host CPU's speed at this moment with no torch, CUDA or memory traffic in it (a slow CPU state, e.g. a
+    busy or throttled vCPU, shows here as well as in `host_op_us`; a slow GPU launch path only there).
+    Raises ValueError for iters or repeats < 1."""
+    if iters < 1 or repeats < 1:
+        raise ValueError(f"iters, repeats: expected >= 1, got {iters}, {repeats}")
+    import time
+
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(iters):
+            acc += i
+        runs.append((time.perf_counter() - t0) * 1e6)
+    runs.sort()
+    return float(runs[len(runs) // 2])
+
+
+class UnitHostSampler:
+    """The host's and the GPU's state right after one unit, read outside its timed region (suite.runner:
+    `UnitRecord.host`). `sampler()` returns {"op_us": `host_op_us(device, ops=UNIT_PROBE_OPS, repeats=1)`,
+    microseconds per eager launch; "cpu_loop_us": `cpu_loop_us()`; "sm_mhz": the GPU's current SM clock in
+    MHz from NVML (nvmlDeviceGetClockInfo, NVML_CLOCK_SM), None on CPU or without NVML}. About 1-3 ms per
+    call on CUDA. Why: on the lent H200 (a KVM guest) the eager-launch probe switched between ~7.3 and
+    ~10.5 us per op every 0.2-3 s on every core (results/2026-11-30-h200-hostdiag/), and the host-bound
+    stock tails moved with it; per-unit samples say whether the slow state is the CPU's (cpu_loop_us) or the
+    GPU's clock (sm_mhz)."""
+
+    def __init__(self, device: str | torch.device):
+        self.device = torch.device(device)
+        self._nvml, self._handle = nvml_handle(self.device)
+
+    def sm_mhz(self) -> int | None:
+        if self._handle is None:
+            return None
+        try:
+            return int(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
+        except Exception:  # an NVML error mid-run: the sample says "unknown", the run goes on
+            return None
+
+    def __call__(self) -> dict:
+        sm = self.sm_mhz()                   # first: the clock the unit ran at, before the probes run
+        return {"op_us": host_op_us(self.device, ops=UNIT_PROBE_OPS, repeats=1),
+                "cpu_loop_us": cpu_loop_us(), "sm_mhz": sm}

@@ -66,21 +66,11 @@ class _Driver:
     """Device-wide used memory of one GPU: NVML if pynvml imports, else cudaMemGetInfo."""
 
     def __init__(self, device: torch.device):
+        from suite.env import nvml_handle
+
         self.device = device
-        self.handle = None
-        self.source = "cuda_mem_get_info"
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            uuid = str(torch.cuda.get_device_properties(device).uuid)
-            try:
-                self.handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-            except pynvml.NVMLError:
-                self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-            self._nvml = pynvml
-            self.source = "nvml"
-        except Exception:  # no pynvml, no NVML library, or an older driver: fall back, say which
-            self.handle = None
+        self._nvml, self.handle = nvml_handle(device)
+        self.source = "nvml" if self.handle is not None else "cuda_mem_get_info"
 
     def used_mib(self) -> float:
         if self.handle is not None:

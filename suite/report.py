@@ -285,6 +285,20 @@ def render(record: dict) -> str:
     return "\n".join(parts)
 
 
+def unit_host_text(per_mode: dict | None) -> str:
+    """", per unit p50 stock / cadence: launch A / B us, CPU loop C / D us, SM E / F MHz" from a timing round's
+    `unit_host_p50` ({mode: suite.runner.host_p50}); "" when the round has none (records before it)."""
+    if not per_mode:
+        return ""
+    s, c = per_mode.get("stock") or {}, per_mode.get("cadence") or {}
+    parts = [f"{label} {_f(s.get(key), spec)} / {_f(c.get(key), spec)}{unit}"
+             for label, key, spec, unit in (("launch", "host_op_us_p50", ".2f", " us"),
+                                            ("CPU loop", "cpu_loop_us_p50", ".0f", " us"),
+                                            ("SM", "sm_mhz_p50", ".0f", " MHz"))
+             if s.get(key) is not None or c.get(key) is not None]
+    return f", per unit p50 stock / cadence: {', '.join(parts)}" if parts else ""
+
+
 def summary_text(record: dict) -> str:
     """A short plain-text summary of a record (what the runner prints at the end of a run)."""
     rows = []
@@ -309,7 +323,8 @@ def summary_text(record: dict) -> str:
                 lines.append(f"  round {r['round']} ({' then '.join(r['order'])}): {r['stock_tail_ms_p50']:.1f} / "
                              f"{r['cadence_tail_ms_p50']:.1f} ms = {r['speedup_x']:.3f}x, units equal "
                              f"{r['units_compared'] - len(r['mismatched_units'])}/{r['units_compared']}, "
-                             f"host {_f(host.get('before'), '.2f')} -> {_f(host.get('after'), '.2f')} us/op")
+                             f"host {_f(host.get('before'), '.2f')} -> {_f(host.get('after'), '.2f')} us/op"
+                             + unit_host_text(r.get("unit_host_p50")))
         elif comp.get("speedup_x"):
             lines.append(f"speedup (stock p50 / cadence p50): {comp['speedup_x']:.3f}x")
         lines.append(f"units equal: {comp['units_compared'] - len(comp['mismatched_units'])}"

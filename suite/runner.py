@@ -64,6 +64,7 @@ class UnitRecord:
     clipped_frac: float | None = None  # fraction of samples with |x| >= CLIP_LEVEL
     stats: dict | None = None       # session.stats() after the unit (cumulative), if the session has it
     kernels: dict | None = None     # profiled units (CUDA): launches, kernels, kernel-busy ms (suite.kernels)
+    host: dict | None = None        # timed SPEAK units: host / GPU state right after (env.UnitHostSampler)
     info: dict = field(default_factory=dict)   # UnitOutput.info (e.g. the stream calls made)
 
 
@@ -312,12 +313,24 @@ def metrics(units: list[UnitRecord], sample_rate: int, period_s: float = UNIT_PE
         "tail_vs_period_pct_p50": 100.0 * (p50 / (period_s * 1e3) - 1.0),
         "deadline_misses": int(np.sum(tail > period_s * 1e3)),
     })
+    out.update(host_p50(measured))
     graphs = _graph_deltas(units, measured)
     if graphs:
         out.update(graphs)
     if prof:   # issue 3: tail time against the GPU kernel-busy time of the same run
         out["tail_over_kernel_busy_x"] = p50 / out["kernel_busy_ms_per_unit_p50"] \
             if out["kernel_busy_ms_per_unit_p50"] > 0 else None
+    return out
+
+
+def host_p50(units: list[UnitRecord]) -> dict:
+    """p50 over `units` of each per-unit host sample (UnitRecord.host, env.UnitHostSampler) that they carry:
+    {"host_op_us_p50", "cpu_loop_us_p50", "sm_mhz_p50"}, a key only where some unit has a value."""
+    out = {}
+    for key, name in (("op_us", "host_op_us_p50"), ("cpu_loop_us", "cpu_loop_us_p50"), ("sm_mhz", "sm_mhz_p50")):
+        vals = [u.host[key] for u in units if u.host and isinstance(u.host.get(key), (int, float))]
+        if vals:
+            out[name] = float(np.percentile(vals, 50))
     return out
 
 
@@ -412,6 +425,7 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
         probe.begin_session()
     session = open_session(adapter, model, mode, spec)
     timer = UnitTimer(device)
+    sample_host = env.UnitHostSampler(device)
     n_prof = (PROFILED_SPEAK_UNITS if profile_units is None else int(profile_units)) if device.type == "cuda" else 0
     speak_idx = [int(u.index) for u in units if u.kind == "SPEAK"]
     profiled = set(speak_idx[len(speak_idx) - n_prof:]) if n_prof > 0 else set()
@@ -440,6 +454,8 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
             rec.wall_ms = rec.kernels["wall_ms"]
         else:
             out, rec.tail_ms, rec.wall_ms = timer(session.speak, payload, final=bool(speak and unit.final))
+            if speak:
+                rec.host = sample_host()
         if speak and unit.final:
             open_turn = None
         rec.samples = out.samples
@@ -654,7 +670,8 @@ def verify(workload, device, *, depth: str = "released", seconds: float | None =
                  "stock_tail_ms_p50": stock.metrics.get("tail_ms_p50"),
                  "cadence_tail_ms_p50": cadence.metrics.get("tail_ms_p50"), "speedup_x": result.speedup_x,
                  "units_compared": len(result.comparison), "mismatched_units": result.mismatches,
-                 "host_us_per_op": host_first}
+                 "host_us_per_op": host_first,
+                 "unit_host_p50": {m.mode: host_p50([u for u in m.units if u.measured]) for m in (stock, cadence)}}
         _add_rounds(result, [first, *extra])
     if progress:
         print(summary_table(result))
@@ -673,7 +690,8 @@ def _timing_round(name: str, adapter, model, spec: dict, units: list, device, r:
                                                      label=f"{name} {mode} round {r}", progress=progress,
                                                      profile_units=0)
         tails = [u.tail_ms for u in recs if u.index in measured and u.tail_ms is not None]
-        runs[mode] = (recs, outs, float(np.percentile(tails, 50)) if tails else None)
+        runs[mode] = (recs, outs, float(np.percentile(tails, 50)) if tails else None,
+                      host_p50([u for u in recs if u.index in measured]))
     host = {"before": host_before, "after": env.host_op_us(device)}
     rows = _compare_outputs(name, runs["stock"][0], runs["stock"][1], runs["cadence"][1])
     s, c = runs["stock"][2], runs["cadence"][2]
@@ -681,7 +699,7 @@ def _timing_round(name: str, adapter, model, spec: dict, units: list, device, r:
             "speedup_x": s / c if s and c else None, "units_compared": len(rows),
             "mismatched_units": [row["index"] for row in rows if not row["equal"]],
             "mismatch_details": [row["detail"] for row in rows if not row["equal"]],
-            "host_us_per_op": host}
+            "host_us_per_op": host, "unit_host_p50": {mode: runs[mode][3] for mode in order}}
 
 
 def _profile_pass(name: str, adapter, model, spec: dict, units: list, device, modes: list[str],

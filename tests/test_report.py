@@ -169,3 +169,12 @@ def test_reproduce_rejects_cuda_without_cuda(monkeypatch):
 def test_reproduce_bad_input_is_a_clear_error(fake_workloads, args, message, capsys):
     assert reproduce.main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_round_line_gives_the_per_unit_host_samples_of_each_mode():
+    from suite.report import unit_host_text
+    per_mode = {"stock": {"host_op_us_p50": 10.46, "cpu_loop_us_p50": 61.2, "sm_mhz_p50": 1980.0},
+                "cadence": {"host_op_us_p50": 7.27, "cpu_loop_us_p50": 60.0}}
+    assert unit_host_text(per_mode) == (", per unit p50 stock / cadence: launch 10.46 / 7.27 us, "
+                                        "CPU loop 61 / 60 us, SM 1980 / — MHz")
+    assert unit_host_text(None) == "" and unit_host_text({"stock": {}, "cadence": {}}) == ""

@@ -732,6 +732,10 @@ def test_timing_rounds_give_the_speedup_and_its_band(fake_registry, clean_tree, 
     text = claims.write(run_dir, [str(ref)]).read_text()
     row = next(line for line in _section(text, "Speedup").splitlines() if line.startswith("| fake"))
     assert "2.10x [2.00-2.20] (3 rounds)" in row and "5.0-6.0" in row
+    assert "us launch" in row and "MHz SM" not in row          # the CPU record's per-unit samples, no GPU clock
+    ms = {"host_op_us_p50": 10.46, "sm_mhz_p50": 1980.0}
+    assert claims.unit_host_cell(ms, {"host_op_us_p50": 7.27}) == "10.5 / 7.3 us launch, 1980 / — MHz SM"
+    assert claims.unit_host_cell({}, {}) == "—"
     assert "within the reference's noise" in _section(text, "Against the reference run")
     # the reference's rounds are tight around 1.95: its unit band would hold 2.10, its rounds do not
     (ref / "run.json").write_text(json.dumps(with_rounds([1.94, 1.95, 1.96])))

@@ -171,7 +171,7 @@ def workload(turns=2, speak_per_turn=4, **spec) -> FakeWorkload:
 # --- records ---------------------------------------------------------------------------------
 RECORD_FIELDS = {"index", "kind", "turn", "final", "t_start_s", "payload", "payload_size", "samples",
                  "tail_ms", "wall_ms", "measured", "sha256_f32", "sha256_pcm16", "std", "clipped_frac",
-                 "stats", "info", "kernels"}
+                 "stats", "info", "kernels", "host"}
 
 
 def test_records_have_all_fields(fake_adapter):
@@ -344,6 +344,14 @@ def test_verify_timing_rounds_alternate_order_and_take_the_median(fake_adapter, 
     assert res.speedup_x == pytest.approx(float(np.median(xs)))
     assert res.rounds[0]["stock_tail_ms_p50"] == res.stock.metrics["tail_ms_p50"]
     assert all(r["host_us_per_op"]["before"] > 0 and r["host_us_per_op"]["after"] > 0 for r in res.rounds)
+    for r in res.rounds:                                 # per-unit host samples, p50 per mode (no GPU clock on CPU)
+        for mode in ("stock", "cadence"):
+            h = r["unit_host_p50"][mode]
+            assert h["host_op_us_p50"] > 0 and h["cpu_loop_us_p50"] > 0 and "sm_mhz_p50" not in h, (r, mode)
+    assert res.rounds[0]["unit_host_p50"]["stock"]["host_op_us_p50"] == res.stock.metrics["host_op_us_p50"]
+    speak = [u for u in res.cadence.units if u.kind == "SPEAK"]
+    assert all(u.host and u.host["sm_mhz"] is None for u in speak)
+    assert all(u.host is None for u in res.cadence.units if u.kind != "SPEAK")
     rec = res.to_dict()
     assert rec["comparison"]["rounds"] == res.rounds and rec["parameters"]["timing_rounds"] == 3
     assert res.verdict == "VALID"
@@ -430,6 +438,48 @@ def test_host_op_us_measures_and_rejects_bad_counts():
     assert 0 < env.host_op_us("cpu", ops=200, repeats=3) < 1e5
     with pytest.raises(ValueError, match="ops, repeats"):
         env.host_op_us("cpu", ops=0)
+
+
+def test_cpu_loop_us_measures_and_rejects_bad_counts():
+    assert 0 < env.cpu_loop_us(iters=500, repeats=3) < 1e6
+    with pytest.raises(ValueError, match="iters, repeats"):
+        env.cpu_loop_us(iters=0)
+    with pytest.raises(ValueError, match="iters, repeats"):
+        env.cpu_loop_us(repeats=0)
+
+
+def test_unit_host_sampler_reads_the_sm_clock_through_nvml(monkeypatch):
+    assert env.nvml_handle("cpu") == (None, None)
+    cpu = env.UnitHostSampler("cpu")()
+    assert cpu["sm_mhz"] is None and cpu["op_us"] > 0 and cpu["cpu_loop_us"] > 0
+
+    class FakeNVML:
+        NVML_CLOCK_SM = 1
+        mhz = 1410
+
+        def nvmlDeviceGetClockInfo(self, handle, clock):
+            assert handle == "h0" and clock == self.NVML_CLOCK_SM
+            if self.mhz is None:
+                raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+            return self.mhz
+    nvml = FakeNVML()
+    monkeypatch.setattr(env, "nvml_handle", lambda device: (nvml, "h0"))
+    sampler = env.UnitHostSampler("cpu")
+    assert sampler()["sm_mhz"] == 1410
+    nvml.mhz = None                                   # an NVML error mid-run: "unknown", not a crash
+    assert sampler()["sm_mhz"] is None
+
+
+def test_host_p50_takes_each_sample_s_median_over_the_units_that_have_it():
+    def rec(i, host):
+        return runner.UnitRecord(index=i, kind="SPEAK", turn=0, final=False, t_start_s=float(i),
+                                 payload="tokens", payload_size=1, host=host)
+    units = [rec(0, {"op_us": 7.0, "cpu_loop_us": 50.0, "sm_mhz": 1980}),
+             rec(1, {"op_us": 10.0, "cpu_loop_us": 70.0, "sm_mhz": None}),
+             rec(2, {"op_us": 11.0, "cpu_loop_us": 60.0, "sm_mhz": 1410}),
+             rec(3, None)]
+    assert runner.host_p50(units) == {"host_op_us_p50": 10.0, "cpu_loop_us_p50": 60.0, "sm_mhz_p50": 1695.0}
+    assert runner.host_p50([rec(0, None)]) == {}
 
 
 # --- env and memory --------------------------------------------------------------------------
@@ -557,10 +607,20 @@ def test_minicpmo45_reduced_runs_through_the_adapter(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA-event timing, driver memory")
 def test_cuda_run_times_and_measures_memory(fake_adapter):
-    res = runner.run_workload(workload(turns=2, speak_per_turn=4), "stock", "cuda", progress=False)
-    n = sum(r.kind == "SPEAK" for r in res.units)
-    assert all(r.tail_ms > 0 for r in res.units if r.kind == "SPEAK")
+    res = runner.run_workload(workload(turns=3, speak_per_turn=4), "stock", "cuda", progress=False)
+    speak = [r for r in res.units if r.kind == "SPEAK"]
+    n = len(speak)
+    prof = speak[-runner.PROFILED_SPEAK_UNITS:]         # the last units run under the profiler, untimed
+    assert all(r.kernels and r.kernels["kernels"] > 0 and r.tail_ms is None for r in prof)
+    assert all(r.tail_ms > 0 for r in speak[:-runner.PROFILED_SPEAK_UNITS])
+    assert [r.measured for r in speak] == [False] * runner.WARMUP_SPEAK_UNITS + [True] * (
+        n - runner.WARMUP_SPEAK_UNITS - runner.PROFILED_SPEAK_UNITS) + [False] * runner.PROFILED_SPEAK_UNITS
     mem = res.memory
     assert mem["driver_source"] in ("nvml", "cuda_mem_get_info")
+    timed = speak[:-runner.PROFILED_SPEAK_UNITS]       # per-unit host samples: launch probe, and the SM clock via NVML
+    assert all(r.host["op_us"] > 0 for r in timed)
+    if mem["driver_source"] == "nvml":
+        assert all(isinstance(r.host["sm_mhz"], int) and r.host["sm_mhz"] > 0 for r in timed)
+    assert all(r.host is None for r in speak[-runner.PROFILED_SPEAK_UNITS:])
     assert mem["session_alloc_mib"] >= 16 * n and mem["session_driver_mib"] >= 16 * n, mem
     assert res.provenance["device"]["gpu_name"] and res.provenance["cuda"] != "none"
