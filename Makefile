@@ -2,6 +2,8 @@
 # `make reproduce`  the main job, staged and resumable (suite/stages.py; per workload verify, memory_stock,
 #                   memory_cadence, duplex_stock, duplex_cadence): writes results/<date>-<device>-reproduce/
 #                   stages.json, one folder per stage and one merged REPORT.md (CPU default: minicpmo45 verify, 4 units)
+# `make report`     rebuilds REPORT.md of the named results folders from their JSON: make report ARGS=results/<run>
+#                   (one folder or more; with none it exits 2 and rewrites nothing)
 # `make test`       the test suite (CPU; GPU-only tests skip with the reason)
 # `make bench`      pytest-benchmark microbenchmarks of the runtime's parts
 # `make asv`        asv benchmarks against the current environment, kept under results/asv (history accumulates);

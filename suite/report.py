@@ -9,9 +9,10 @@ Files of one run (run_id = `<UTC date>-<device short name>-<workload>`, e.g. 202
 * `REPORT.md`: what ran and where, a summary per mode beside the published figures, per-unit rows,
   the verdict, and "Parameters used" last.
 
-`python -m suite.report results/<run_id> [...]` rebuilds REPORT.md from run.json (every
-results/*/run.json when no folder is given); for a staged reproduction (stages.json, suite.reproduce) it
-rebuilds the merged report (suite.claims).
+`python -m suite.report results/<run_id> [...]` rebuilds REPORT.md from run.json; for a staged
+reproduction (stages.json, suite.reproduce) it rebuilds the merged report (suite.claims). At least one
+folder must be named: with none it exits with status 2 and writes nothing (the committed results/*/REPORT.md
+were rendered by the code of their day; rebuilding them all would silently rewrite them).
 """
 from __future__ import annotations
 
@@ -338,15 +339,16 @@ def summary_text(record: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m suite.report",
                                  description="Rebuild REPORT.md of result folders from their run.json.")
-    ap.add_argument("folders", nargs="*", help="results/<run_id> folders, single runs (run.json) or staged "
-                                               "reproductions (stages.json) (default: every one under results/)")
+    ap.add_argument("folders", nargs="*", metavar="FOLDER",
+                    help="results/<run_id> folders, single runs (run.json) or staged reproductions (stages.json); "
+                         "at least one")
     args = ap.parse_args(argv)
-    folders = args.folders or sorted({str(p.parent) for pat in ("*/run.json", "*/stages.json")
-                                      for p in Path("results").glob(pat)})
-    if not folders:
-        print("no results/*/run.json or results/*/stages.json found; nothing to rebuild", file=sys.stderr)
-        return 1
-    for folder in folders:
+    if not args.folders:
+        print("error: FOLDER: none given; expected one or more results folders holding run.json or stages.json, "
+              "e.g. `make report ARGS=results/<run>` or `python -m suite.report results/<run>` "
+              "(nothing was rebuilt)", file=sys.stderr)
+        return 2
+    for folder in args.folders:
         try:
             print(f"wrote {rebuild(folder)}")
         except (FileNotFoundError, ValueError) as exc:     # ValueError: suite.stages.StateError

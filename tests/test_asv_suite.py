@@ -12,6 +12,7 @@ import torch
 import workloads
 from duplexcadence import runtime
 from suite.asv import bench_speak, common
+from torch_threads import torch_threads  # tests/ is on sys.path under pytest
 
 WITH_ADAPTER = [n for n in workloads.names() if workloads.get(n).architecture in runtime.ADAPTERS]
 
@@ -99,8 +100,13 @@ def test_check_steady_rejects_a_timed_unit_that_is_not_steady():
 
 
 # --- one reduced CPU combination, run once ------------------------------------------------------------
-def test_reduced_cpu_combination_runs_setup_time_and_tracks():
-    torch.set_num_threads(2)
+@pytest.fixture
+def two_threads():
+    with torch_threads(2):      # the count before is back after the test
+        yield
+
+
+def test_reduced_cpu_combination_runs_setup_time_and_tracks(two_threads):
     params = ("moshi", "cadence", "cpu")
     bench = bench_speak.Mimi()
     try:

@@ -13,6 +13,7 @@ import torch
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
+from torch_threads import torch_threads  # noqa: E402  (tests/ is on sys.path under pytest)
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 from duplexcadence.adapters.bounded_vocoder_cadence import ArenaVocoder  # noqa: E402
 from duplexcadence.adapters.flow_hift_cadence import CadenceSession  # noqa: E402
@@ -32,9 +33,14 @@ def tokens_for(unit: int, n: int) -> list[int]:
     return torch.randint(0, fh.VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(1000 + unit)).tolist()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def two_threads():
+    with torch_threads(2):      # this module's tests at 2 intra-op threads; the count before is back after
+        yield
+
+
 @pytest.fixture(scope="module")
 def model():
-    torch.set_num_threads(2)
     return fh.build_model({"n_timesteps": STEPS, "voice_prompt": str(VOICE), "prompt_seconds": 2.0},
                           depth="reduced", seed=0)
 

@@ -18,6 +18,7 @@ import torch
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import synthetic_checkpoint as sc  # noqa: E402  (tests/ is on sys.path under pytest)
+from torch_threads import torch_threads  # noqa: E402
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 
 VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / "ljspeech_LJ001-0001_24k.wav"
@@ -26,9 +27,14 @@ FLOW_KEY = "decoder.estimator.blocks.1.attn.to_q.weight"
 HIFT_KEY = "f0_predictor.classifier.weight"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def two_threads():
+    with torch_threads(2):      # this module's tests at 2 intra-op threads; the count before is back after
+        yield
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.set_num_threads(2)
     directory = tmp_path_factory.mktemp("ckpt")
     return directory, sc.write_checkpoint(directory, seed=3)
 

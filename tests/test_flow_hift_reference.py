@@ -22,6 +22,7 @@ import torch
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import synthetic_checkpoint as sc  # noqa: E402  (tests/ is on sys.path under pytest)
+from torch_threads import torch_threads  # noqa: E402
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,9 +53,14 @@ def run_session(session, turns) -> list[dict]:
     return units
 
 
+@pytest.fixture(scope="module", autouse=True)
+def threads():
+    with torch_threads(THREADS):      # this module's tests at THREADS threads; the count before is back after
+        yield
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    torch.set_num_threads(THREADS)
     work = tmp_path_factory.mktemp("reference")
     checkpoint = work / "ckpt"
     sc.write_checkpoint(checkpoint, seed=5)

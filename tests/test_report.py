@@ -63,6 +63,18 @@ def test_report_rebuilds_from_run_json(verified, tmp_path):
     assert (folder / "REPORT.md").read_text() == written
 
 
+def test_report_without_a_folder_is_an_error_and_rewrites_nothing(verified, tmp_path, monkeypatch, capsys):
+    # once every results/*/ was re-rendered: committed reports of older code, silently rewritten
+    wl, res = verified
+    folder = report.write_results(res, tmp_path / "results")
+    (folder / "REPORT.md").unlink()
+    monkeypatch.chdir(tmp_path)                       # results/ here is the one just written
+    assert report.main([]) == 2
+    err = capsys.readouterr().err
+    assert "FOLDER: none given" in err and "make report ARGS=results/<run>" in err
+    assert not list(tmp_path.rglob("REPORT.md"))
+
+
 def test_report_content(verified, tmp_path):
     wl, res = verified
     text = (report.write_results(res, tmp_path) / "REPORT.md").read_text()

@@ -13,6 +13,7 @@ import torch
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
+from torch_threads import torch_threads  # noqa: E402  (tests/ is on sys.path under pytest)
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 from duplexcadence.adapters import stepaudio2 as sa  # noqa: E402
 from duplexcadence.clocks import ClockError, KeepAll  # noqa: E402
@@ -55,9 +56,14 @@ def run(session, turns=TURNS, observe=None):
     return outs
 
 
+@pytest.fixture(scope="module", autouse=True)
+def two_threads():
+    with torch_threads(2):      # this module's tests at 2 intra-op threads; the count before is back after
+        yield
+
+
 @pytest.fixture(scope="module")
 def model():
-    torch.set_num_threads(2)
     return fh.build_model({"variant": "stepaudio2", "n_timesteps": STEPS, "voice_prompt": str(VOICE),
                            "prompt_seconds": 2.0}, depth="reduced", seed=0)
 

@@ -17,6 +17,7 @@ import torch
 
 from duplexcadence import runtime
 from suite import env, memory, runner
+from torch_threads import torch_threads  # tests/ is on sys.path under pytest
 
 RATE = 24000
 SAMPLES_PER_TOKEN = 960          # 25 tokens -> 1 s @ 24 kHz
@@ -592,9 +593,14 @@ def _real_workload():
     return wl
 
 
-def test_minicpmo45_reduced_runs_through_the_adapter(monkeypatch):
+@pytest.fixture
+def two_threads():
+    with torch_threads(2):      # the count before is back after the test
+        yield
+
+
+def test_minicpmo45_reduced_runs_through_the_adapter(monkeypatch, two_threads):
     monkeypatch.setattr(torch._dynamo.config, "disable", True)   # TORCHDYNAMO_DISABLE=1, after import
-    torch.set_num_threads(2)
     wl = _real_workload()
     res = runner.verify(wl, "cpu", depth="reduced", max_speak_units=4, steps=5, progress=False)
     speak = [r for r in res.stock.units if r.kind == "SPEAK"]
