@@ -96,8 +96,8 @@ BUDGET_S = {
 #: Timing rounds of a verify stage by device type (suite.runner.verify: each further round a fresh session
 #: per mode, alternating order, every unit compared again): the report's speedup is the median of the rounds
 #: and its noise their spread. 3 on CUDA: MiniCPM-o's 10-step verify took 87-88 s with 3 rounds on the H200
-#: (results/2026-11-30-h200-reproduce-4*/stages.json); the profile pass after them (suite.runner.verify,
-#: not yet run on the GPU) adds about one round, ~25 s: well inside verify's 300 s.
+#: (results/2026-11-30-h200-reproduce-4*/stages.json) and 103.8 / 132.2 s with the profile pass after them
+#: (results/2026-11-30-h200-reproduce-5*/stages.json, the second on a slower host): inside verify's 300 s.
 #: 1 on the CPU (the default CPU reproduction runs 4 units at ~1 minute per unit per mode).
 VERIFY_ROUNDS = {"cuda": 3, "cpu": 1}
 ESTIMATE_MARGIN = 1.5                   # a stage is expected to take up to 1.5x its family's slowest done stage
