@@ -292,8 +292,8 @@ class UnitHostSampler:
     microseconds per eager launch; "cpu_loop_us": `cpu_loop_us()`; "sm_mhz": the GPU's current SM clock in
     MHz from NVML (nvmlDeviceGetClockInfo, NVML_CLOCK_SM), None on CPU or without NVML}. About 1-3 ms per
     call on CUDA. Why: on the lent H200 (a KVM guest) the eager-launch probe switched between ~7.3 and
-    ~10.5 us per op every 0.2-3 s on every core (results/2026-11-30-h200-hostdiag/), and the host-bound
-    stock tails moved with it; per-unit samples say whether the slow state is the CPU's (cpu_loop_us) or the
+    ~10.5 us per op every ~0.25-3.6 s, also pinned to one vCPU (results/2026-11-30-h200-hostdiag/), and
+    the host-bound stock tails moved between runs by up to 46%; per-unit samples say whether the slow state is the CPU's (cpu_loop_us) or the
     GPU's clock (sm_mhz)."""
 
     def __init__(self, device: str | torch.device):
