@@ -358,6 +358,60 @@ def unit_host_cell(ms: dict, mc: dict) -> str:
     return ", ".join(parts) if parts else DASH
 
 
+def rank_corr(x, y) -> float | None:
+    """Spearman rank correlation of two equal-length sequences (average ranks for ties); None for fewer
+    than 3 pairs or a constant sequence."""
+    from scipy.stats import spearmanr
+
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.size < 3 or x.size != y.size or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(spearmanr(x, y).statistic)
+
+
+#: Per-unit host samples (suite.runner.UnitRecord.host) the host-state table reads: key, label, format.
+HOST_SAMPLES = (("op_us", "launch us", ".2f"), ("cpu_loop_us", "CPU loop us", ".0f"), ("sm_mhz", "SM MHz", ".0f"))
+
+
+def host_state_rows(record: dict | None, mode: str) -> list | None:
+    """One row of the host-state table: per sample kind, p50 [p10-p90] over the mode's measured SPEAK
+    units of round 1 and the rank correlation of that sample with the unit's tail time; None when no
+    measured unit carries samples (records made before suite.env.UnitHostSampler)."""
+    units = [u for u in ((record or {}).get("modes", {}).get(mode) or {}).get("units", [])
+             if u.get("measured") and u.get("tail_ms") is not None and u.get("host")]
+    if not units:
+        return None
+    row = [str(len(units))]
+    for key, _label, spec in HOST_SAMPLES:
+        pairs = [(u["host"][key], u["tail_ms"]) for u in units if isinstance(u["host"].get(key), (int, float))]
+        if not pairs:
+            row += [DASH, DASH]
+            continue
+        v = np.array([p[0] for p in pairs], dtype=np.float64)
+        p10, p50, p90 = np.percentile(v, [10, 50, 90])
+        row += [f"{p50:{spec}} [{p10:{spec}}-{p90:{spec}}]", _f(rank_corr(v, [p[1] for p in pairs]), "+.2f")]
+    return row
+
+
+def host_state_table(data: dict) -> str | None:
+    """Per workload and mode: the per-unit host samples of verify's round 1 and how each tracks the tail
+    time (Spearman rho). A stock tail that follows `launch us` but not `SM MHz` is held up by the host; one
+    that follows `SM MHz` by the GPU's clock. None when no record carries samples."""
+    rows = []
+    for w, e in data["workloads"].items():
+        rec = e.get("verify", {}).get("record")
+        for mode in ("stock", "cadence"):
+            row = host_state_rows(rec, mode)
+            if row is not None:
+                rows.append([w, mode, *row])
+    if not rows:
+        return None
+    heads = ["workload", "mode", "units"]
+    for _key, label, _spec in HOST_SAMPLES:
+        heads += [f"{label} p50 [p10-p90]", f"rho({label}, tail)"]
+    return _table(rows, heads)
+
+
 def memory_table(data: dict) -> str:
     rows = []
     for w, e in data["workloads"].items():
@@ -691,6 +745,7 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
              "## Speedup (stock / cadence tail time per SPEAK unit)", "", speedup_table(data), "",
              *([TIMED_NOTE, ""] if any(h.get("timed") and h["state"].get("harness") in TIMED_HARNESSES
                                        for e in data["workloads"].values() for h in e.values()) else []),
+             *host_state_section(data),
              "## Peak memory (over the idle baseline)", "", memory_table(data), "",
              "## Per-session increment", "", session_table(data), "",
              "## SPEAK time against the 1 s cadence", "", speak_table(data), "",
@@ -716,6 +771,18 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
               _table([[k, DASH if v is None else json.dumps(v) if isinstance(v, (list, dict)) else str(v)]
                       for k, v in opts.items()], ["option", "value"]), ""]
     return "\n".join(parts)
+
+
+def host_state_section(data: dict) -> list[str]:
+    """The "Host state per unit" section's lines, or [] when no record carries per-unit samples."""
+    table = host_state_table(data)
+    if table is None:
+        return []
+    return ["## Host state per unit (verify, round 1)", "",
+            "Sampled right after each timed SPEAK unit, outside its timed region (suite.env.UnitHostSampler): "
+            "launch us = microseconds per eager torch.add launch (100 ops), CPU loop us = a pure-Python loop, "
+            "SM MHz = the GPU's SM clock (NVML). rho: Spearman rank correlation with the unit's tail time "
+            "(a dash: constant or under 3 units).", "", table, ""]
 
 
 def _verdicts(state: dict) -> str:

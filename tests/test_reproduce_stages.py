@@ -733,6 +733,8 @@ def test_timing_rounds_give_the_speedup_and_its_band(fake_registry, clean_tree, 
     row = next(line for line in _section(text, "Speedup").splitlines() if line.startswith("| fake"))
     assert "2.10x [2.00-2.20] (3 rounds)" in row and "5.0-6.0" in row
     assert "us launch" in row and "MHz SM" not in row          # the CPU record's per-unit samples, no GPU clock
+    host = _section(text, "Host state per unit (verify, round 1)")
+    assert "| fake" in host and "rho(SM MHz, tail)" in host
     ms = {"host_op_us_p50": 10.46, "sm_mhz_p50": 1980.0}
     assert claims.unit_host_cell(ms, {"host_op_us_p50": 7.27}) == "10.5 / 7.3 us launch, 1980 / — MHz SM"
     assert claims.unit_host_cell({}, {}) == "—"
@@ -742,6 +744,32 @@ def test_timing_rounds_give_the_speedup_and_its_band(fake_registry, clean_tree, 
     assert claims.speedup(json.loads((ref / "run.json").read_text()))["hi"] == 1.96
     text = claims.write(run_dir, [str(ref)]).read_text()
     assert "OUTSIDE the reference's noise" in _section(text, "Against the reference run")
+
+
+def test_host_state_table_correlates_each_sample_with_the_tail():
+    def unit(i, tail, op, sm):
+        return {"index": i, "kind": "SPEAK", "measured": True, "tail_ms": tail,
+                "host": {"op_us": op, "cpu_loop_us": 50.0 + (i % 2), "sm_mhz": sm}}
+    ops = [7.2, 10.5, 7.4, 10.8, 7.3, 10.4]
+    stock = [unit(i, 20.0 * op, op, 1980) for i, op in enumerate(ops)]              # the tail follows the launch cost
+    stock.append({"index": 9, "kind": "SPEAK", "measured": False, "tail_ms": 1.0, "host": {"op_us": 99.0}})
+    rec = {"modes": {"stock": {"units": stock}, "cadence": {"units": [{"index": 0, "kind": "SPEAK", "measured": True,
+                                                                        "tail_ms": 5.0, "host": None}]}}}
+    row = claims.host_state_rows(rec, "stock")
+    assert row[0] == "6"                                       # measured units with samples only
+    assert row[1].startswith("8.90 [") and row[2] == "+1.00"    # p50 of the launch cost; rho +1
+    assert row[5] == "1980 [1980-1980]" and row[6] == "—"       # a constant clock: no correlation
+    assert claims.host_state_rows(rec, "cadence") is None and claims.host_state_rows(None, "stock") is None
+    assert claims.rank_corr([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert claims.rank_corr([1, 2], [1, 2]) is None
+    data = {"workloads": {"w": {"verify": {"record": rec}}}}
+    table = claims.host_state_table(data)
+    assert table.count("| w ") == 1 and "rho(launch us, tail)" in table
+    lines = claims.host_state_section(data)
+    assert lines[0].startswith("## Host state per unit")
+    for u in stock:                                            # a record made before the samples: no section
+        u["host"] = None
+    assert claims.host_state_table(data) is None and claims.host_state_section(data) == []
 
 
 def test_verify_stage_passes_the_device_s_timing_rounds(tmp_path):
