@@ -359,14 +359,26 @@ def unit_host_cell(ms: dict, mc: dict) -> str:
 
 
 def rank_corr(x, y) -> float | None:
-    """Spearman rank correlation of two equal-length sequences (average ranks for ties); None for fewer
-    than 3 pairs or a constant sequence."""
+    """Spearman rank correlation of two equal-length 1-d sequences of numbers (average ranks for ties; scipy's
+    spearmanr), over the pairs where both are finite; None for fewer than 3 such pairs or a constant
+    sequence. Raises ValueError for sequences of different lengths or not 1-d."""
     from scipy.stats import spearmanr
 
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if x.size < 3 or x.size != y.size or np.ptp(x) == 0 or np.ptp(y) == 0:
+    if x.ndim != 1 or y.ndim != 1 or x.size != y.size:
+        raise ValueError(f"x, y: expected two 1-d sequences of one length, got shapes {x.shape} and {y.shape}")
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return None
     return float(spearmanr(x, y).statistic)
+
+
+def _number(value) -> float | None:
+    """A finite int or float of a JSON record as float; None for anything else (null, NaN, a bool, text)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        return None
+    return float(value)
 
 
 #: Per-unit host samples (suite.runner.UnitRecord.host) the host-state table reads: key, label, format.
@@ -377,13 +389,20 @@ def host_state_rows(record: dict | None, mode: str) -> list | None:
     """One row of the host-state table: per sample kind, p50 [p10-p90] over the mode's measured SPEAK
     units of round 1 and the rank correlation of that sample with the unit's tail time; None when no
     measured unit carries samples (records made before suite.env.UnitHostSampler)."""
-    units = [u for u in ((record or {}).get("modes", {}).get(mode) or {}).get("units", [])
-             if u.get("measured") and u.get("tail_ms") is not None and u.get("host")]
+    units = []
+    for u in ((record or {}).get("modes", {}).get(mode) or {}).get("units", []):
+        if not (u.get("measured") and _number(u.get("tail_ms")) is not None and u.get("host") is not None):
+            continue
+        if not isinstance(u["host"], dict):
+            raise ValueError(f"{mode} unit {u.get('index')}: host: expected an object of per-unit samples "
+                             f"({', '.join(k for k, _l, _s in HOST_SAMPLES)}) or null, got {type(u['host']).__name__}")
+        units.append(u)
     if not units:
         return None
     row = [str(len(units))]
     for key, _label, spec in HOST_SAMPLES:
-        pairs = [(u["host"][key], u["tail_ms"]) for u in units if isinstance(u["host"].get(key), (int, float))]
+        pairs = [(_number(u["host"].get(key)), _number(u["tail_ms"])) for u in units]
+        pairs = [p for p in pairs if p[0] is not None]
         if not pairs:
             row += [DASH, DASH]
             continue
@@ -401,7 +420,10 @@ def host_state_table(data: dict) -> str | None:
     for w, e in data["workloads"].items():
         rec = e.get("verify", {}).get("record")
         for mode in ("stock", "cadence"):
-            row = host_state_rows(rec, mode)
+            try:
+                row = host_state_rows(rec, mode)
+            except ValueError as exc:
+                raise ValueError(f"{w}.verify/run.json: {exc}") from None
             if row is not None:
                 rows.append([w, mode, *row])
     if not rows:

@@ -212,6 +212,13 @@ def deterministic():
         torch.backends.cudnn.allow_tf32 = previous["cudnn_allow_tf32"]
 
 
+def _count(name: str, value) -> int:
+    """`value` as a count >= 1 for argument `name`; ValueError naming it otherwise (bools, floats, text)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    return value
+
+
 def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: int = 5) -> float:
     """Median microseconds per eager elementwise op (`torch.add` of a 1-element float32 tensor into a
     preallocated output) issued from Python on `device`, over `repeats` batches of `ops` ops, the device
@@ -219,9 +226,8 @@ def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: 
     from eager PyTorch at this moment. A stock tail of n kernels costs at least about n times this on the
     host (shared/notes/stock_decoders.md: the stock tails are host-bound), so a run's stock time moves
     with it; `suite.runner.verify` records it around every timing round. About 5-30 ms per call.
-    Raises ValueError for ops or repeats < 1."""
-    if ops < 1 or repeats < 1:
-        raise ValueError(f"ops, repeats: expected >= 1, got {ops}, {repeats}")
+    Raises ValueError for ops or repeats that is not an int >= 1."""
+    ops, repeats = _count("ops", ops), _count("repeats", repeats)
     import time
 
     device = torch.device(device)
@@ -270,9 +276,8 @@ def cpu_loop_us(iters: int = CPU_LOOP_ITERS, repeats: int = 3) -> float:
     """Median microseconds of a pure-Python integer loop of `iters` iterations over `repeats` runs: the
     host CPU's speed at this moment with no torch, CUDA or memory traffic in it (a slow CPU state, e.g. a
     busy or throttled vCPU, shows here as well as in `host_op_us`; a slow GPU launch path only there).
-    Raises ValueError for iters or repeats < 1."""
-    if iters < 1 or repeats < 1:
-        raise ValueError(f"iters, repeats: expected >= 1, got {iters}, {repeats}")
+    Raises ValueError for iters or repeats that is not an int >= 1."""
+    iters, repeats = _count("iters", iters), _count("repeats", repeats)
     import time
 
     runs = []

@@ -79,7 +79,8 @@ def rebuild(folder: str | Path) -> Path:
         return claims.write(folder)
     path = folder / "run.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no run.json (expected a folder written by suite.reproduce)")
+        raise FileNotFoundError(f"{folder}: neither stages.json nor run.json there (expected a folder written by "
+                                f"suite.reproduce or suite.stage_run)")
     record = json.loads(path.read_text())
     (folder / "REPORT.md").write_text(render(record))
     return folder / "REPORT.md"
@@ -327,7 +328,8 @@ def summary_text(record: dict) -> str:
                              f"host {_f(host.get('before'), '.2f')} -> {_f(host.get('after'), '.2f')} us/op"
                              + unit_host_text(r.get("unit_host_p50")))
         elif comp.get("speedup_x"):
-            lines.append(f"speedup (stock p50 / cadence p50): {comp['speedup_x']:.3f}x")
+            lines.append(f"speedup (stock p50 / cadence p50): {comp['speedup_x']:.3f}x"
+                         + unit_host_text((rounds[0] if rounds else {}).get("unit_host_p50")))
         lines.append(f"units equal: {comp['units_compared'] - len(comp['mismatched_units'])}"
                      f"/{comp['units_compared']}")
     lines.append(f"verdict: {record['verdict']}")

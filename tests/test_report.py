@@ -111,7 +111,7 @@ def test_stock_only_report_says_so(monkeypatch, clean_tree, tmp_path):  # noqa: 
 
 
 def test_rebuild_names_missing_run_json(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no run.json"):
+    with pytest.raises(FileNotFoundError, match="neither stages.json nor run.json there"):
         report.rebuild(tmp_path)
 
 
@@ -190,3 +190,15 @@ def test_round_line_gives_the_per_unit_host_samples_of_each_mode():
     assert unit_host_text(per_mode) == (", per unit p50 stock / cadence: launch 10.46 / 7.27 us, "
                                         "CPU loop 61 / 60 us, SM 1980 / — MHz")
     assert unit_host_text(None) == "" and unit_host_text({"stock": {}, "cadence": {}}) == ""
+
+
+def test_one_round_summary_gives_the_per_unit_host_samples_too():
+    from suite.report import summary_text
+    rec = {"modes": {}, "verdict": "VALID",
+           "comparison": {"speedup_x": 2.0, "units_compared": 3, "mismatched_units": [],
+                          "rounds": [{"round": 1, "order": ["stock", "cadence"], "speedup_x": 2.0,
+                                      "stock_tail_ms_p50": 10.0, "cadence_tail_ms_p50": 5.0,
+                                      "unit_host_p50": {"stock": {"host_op_us_p50": 7.3},
+                                                        "cadence": {"host_op_us_p50": 10.5}}}]}}
+    text = summary_text(rec)
+    assert "speedup (stock p50 / cadence p50): 2.000x, per unit p50 stock / cadence: launch 7.30 / 10.50 us" in text

@@ -762,11 +762,23 @@ def test_host_state_table_correlates_each_sample_with_the_tail():
     assert claims.host_state_rows(rec, "cadence") is None and claims.host_state_rows(None, "stock") is None
     assert claims.rank_corr([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert claims.rank_corr([1, 2], [1, 2]) is None
+    assert claims.rank_corr([1, 2, 3], [float("nan"), 2, 3]) is None              # 2 finite pairs left
+    assert claims.rank_corr([1, 2, 3, 4, 5], [float("nan"), 2, 3, 5, 4]) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match=r"x, y: expected two 1-d sequences of one length"):
+        claims.rank_corr([1, 2, 3], [1, 2])
     data = {"workloads": {"w": {"verify": {"record": rec}}}}
     table = claims.host_state_table(data)
     assert table.count("| w ") == 1 and "rho(launch us, tail)" in table
     lines = claims.host_state_section(data)
     assert lines[0].startswith("## Host state per unit")
+    stock[0]["host"]["op_us"] = float("nan")                   # a NaN sample (json reads NaN) is left out, not "nan"
+    stock[1]["host"]["sm_mhz"] = "1980"                        # text is not a number either
+    row = claims.host_state_rows(rec, "stock")
+    assert "nan" not in " ".join(row) and row[2] == "+1.00" and row[5] == "1980 [1980-1980]"
+    stock[2]["host"] = [8.5, 125.0, None]                      # malformed: a clear error naming the unit and field
+    with pytest.raises(ValueError, match=r"^w.verify/run.json: stock unit 2: host: expected an object"):
+        claims.host_state_table(data)
+    stock[2]["host"] = {"op_us": 7.4, "cpu_loop_us": 50.0, "sm_mhz": 1980}
     for u in stock:                                            # a record made before the samples: no section
         u["host"] = None
     assert claims.host_state_table(data) is None and claims.host_state_section(data) == []

@@ -437,16 +437,20 @@ def test_verify_rounds_without_cadence_say_so(monkeypatch, clean_tree):
 
 def test_host_op_us_measures_and_rejects_bad_counts():
     assert 0 < env.host_op_us("cpu", ops=200, repeats=3) < 1e5
-    with pytest.raises(ValueError, match="ops, repeats"):
-        env.host_op_us("cpu", ops=0)
+    for bad in (0, -3, 2.5, "10", None, True, float("nan")):
+        with pytest.raises(ValueError, match=r"^ops: expected an int >= 1, got "):
+            env.host_op_us("cpu", ops=bad)
+        with pytest.raises(ValueError, match=r"^repeats: expected an int >= 1, got "):
+            env.host_op_us("cpu", repeats=bad)
 
 
 def test_cpu_loop_us_measures_and_rejects_bad_counts():
     assert 0 < env.cpu_loop_us(iters=500, repeats=3) < 1e6
-    with pytest.raises(ValueError, match="iters, repeats"):
-        env.cpu_loop_us(iters=0)
-    with pytest.raises(ValueError, match="iters, repeats"):
-        env.cpu_loop_us(repeats=0)
+    for bad in (0, -3, 0.5, "10", None, True, float("inf")):
+        with pytest.raises(ValueError, match=r"^iters: expected an int >= 1, got "):
+            env.cpu_loop_us(iters=bad)
+        with pytest.raises(ValueError, match=r"^repeats: expected an int >= 1, got "):
+            env.cpu_loop_us(repeats=bad)
 
 
 def test_unit_host_sampler_reads_the_sm_clock_through_nvml(monkeypatch):
