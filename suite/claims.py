@@ -823,14 +823,15 @@ def _verdicts(state: dict) -> str:
 def write(run_dir: str | Path, compare: list[str] | None = None, results_root: str | Path | None = None) -> Path:
     """Load the staged run, draw the plots, write REPORT.md; returns its path. compare: reference run
     folders (default: those recorded in stages.json). Raises FileNotFoundError (missing stages.json or
-    reference)."""
+    reference) and ValueError (a malformed record), before writing anything."""
     run_dir = Path(run_dir)
     data = load(run_dir)
     refs: dict[str, dict] = {}
     for ref in (compare if compare is not None else data["state"].get("compare", [])):
         refs.update(load_reference(ref))
-    written = plots(data, run_dir)
     root = Path(results_root) if results_root is not None else run_dir.parent
+    render(data, refs, [], root)       # a malformed record fails here, before any plot is rewritten
+    written = plots(data, run_dir)
     path = run_dir / "REPORT.md"
     path.write_text(render(data, refs, written, root))
     return path

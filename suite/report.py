@@ -290,9 +290,9 @@ def render(record: dict) -> str:
 def unit_host_text(per_mode: dict | None) -> str:
     """", per unit p50 stock / cadence: launch A / B us, CPU loop C / D us, SM E / F MHz" from a timing round's
     `unit_host_p50` ({mode: suite.runner.host_p50}); "" when the round has none (records before it)."""
-    if not per_mode:
+    if not isinstance(per_mode, dict):
         return ""
-    s, c = per_mode.get("stock") or {}, per_mode.get("cadence") or {}
+    s, c = (v if isinstance(v, dict) else {} for v in (per_mode.get("stock"), per_mode.get("cadence")))
     parts = [f"{label} {_f(s.get(key), spec)} / {_f(c.get(key), spec)}{unit}"
              for label, key, spec, unit in (("launch", "host_op_us_p50", ".2f", " us"),
                                             ("CPU loop", "cpu_loop_us_p50", ".0f", " us"),

@@ -202,3 +202,9 @@ def test_one_round_summary_gives_the_per_unit_host_samples_too():
                                                         "cadence": {"host_op_us_p50": 10.5}}}]}}
     text = summary_text(rec)
     assert "speedup (stock p50 / cadence p50): 2.000x, per unit p50 stock / cadence: launch 7.30 / 10.50 us" in text
+
+
+def test_round_line_ignores_a_malformed_round_s_samples():
+    from suite.report import unit_host_text
+    for bad in ([1, 2], "x", 3, {"stock": [7.3], "cadence": "10"}):
+        assert unit_host_text(bad) == ""

@@ -733,6 +733,14 @@ def test_timing_rounds_give_the_speedup_and_its_band(fake_registry, clean_tree, 
     row = next(line for line in _section(text, "Speedup").splitlines() if line.startswith("| fake"))
     assert "2.10x [2.00-2.20] (3 rounds)" in row and "5.0-6.0" in row
     assert "us launch" in row and "MHz SM" not in row          # the CPU record's per-unit samples, no GPU clock
+    bad = json.loads(json.dumps(ours))                         # a malformed per-unit sample: an error, no file rewritten
+    next(u for u in bad["modes"]["stock"]["units"] if u["measured"])["host"] = [8.5, 125.0, None]
+    path.write_text(json.dumps(bad))
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.suffix in (".png", ".md")}
+    with pytest.raises(ValueError, match=r"fake.verify/run.json: stock unit \d+: host: expected an object"):
+        claims.write(run_dir, [str(ref)])
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.suffix in (".png", ".md")} == before
+    path.write_text(json.dumps(ours))
     host = _section(text, "Host state per unit (verify, round 1)")
     assert "| fake" in host and "rho(SM MHz, tail)" in host
     ms = {"host_op_us_p50": 10.46, "sm_mhz_p50": 1980.0}
