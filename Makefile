@@ -16,6 +16,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Offline wheels (e.g. carried to a GPU machine without network): WHEELS=.whl make ...
 WHEELS ?=
+#: asv names an `existing` environment after its python's path; a wrapper at this fixed path runs the
+#: checkout's venv python, so every clone and every lent machine's copy adds to one history line per machine.
+ASV_PYTHON ?= /tmp/duplexcadence-asv/python
 PIP_OFFLINE := $(if $(WHEELS),--no-index --find-links $(WHEELS),)
 # Options for reproduce: make reproduce ARGS="--device cuda --stages 'minicpmo45.*' --run-dir DIR --resume --budget-s 570"
 # (exit status 3: budget spent with stages pending; run the same command again); add --gpus 0,1 on a host with
@@ -61,7 +64,9 @@ bench: setup
 asv: setup
 	$(PY) -m pip install -q $(PIP_OFFLINE) "asv>=0.6"
 	$(VENV)/bin/asv machine --yes $(if $(ASV_MACHINE),--machine $(ASV_MACHINE),)
-	ASV_PYTHONPATH=$(CURDIR)/impl:$(CURDIR) $(VENV)/bin/asv run --environment existing:$(PY) --set-commit-hash $${DUPLEXCADENCE_GIT_REV:-$$(git rev-parse HEAD)} $(if $(ASV_MACHINE),--machine $(ASV_MACHINE),) $(ARGS)
+	mkdir -p $(dir $(ASV_PYTHON)) && printf '#!/bin/sh\nexec "%s" "$$@"\n' "$(abspath $(PY))" > $(ASV_PYTHON).$$$$ \
+		&& chmod +x $(ASV_PYTHON).$$$$ && mv $(ASV_PYTHON).$$$$ $(ASV_PYTHON)
+	ASV_PYTHONPATH=$(CURDIR)/impl:$(CURDIR) $(VENV)/bin/asv run --environment existing:$(ASV_PYTHON) --set-commit-hash $${DUPLEXCADENCE_GIT_REV:-$$(git rev-parse HEAD)} $(if $(ASV_MACHINE),--machine $(ASV_MACHINE),) $(ARGS)
 	$(VENV)/bin/asv publish
 
 clean:

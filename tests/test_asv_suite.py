@@ -132,3 +132,17 @@ def test_reduced_cpu_combination_runs_setup_time_and_tracks(two_threads):
     finally:
         common.drop_warm()
     assert common._WARM is None
+
+
+def test_make_asv_names_one_environment_whatever_the_checkout_path():
+    """asv names an `existing` environment after its python's path: `make asv` passes a wrapper at one fixed
+    path (ASV_PYTHON) that execs the checkout's venv python, so clones at other paths add to one history line."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["make", "-n", "asv", "VENV=/some/clone/.venv"], cwd=root, capture_output=True,
+                         text=True, check=True).stdout
+    assert "--environment existing:/tmp/duplexcadence-asv/python " in out
+    assert 'exec "%s" "$@"' in out and '"/some/clone/.venv/bin/python"' in out
+    assert "/some/clone/.venv/bin/python --set-commit-hash" not in out       # not the venv's own path
