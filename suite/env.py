@@ -219,22 +219,28 @@ def _count(name: str, value) -> int:
     return value
 
 
-def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: int = 5) -> float:
+def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: int = 5,
+               buffers: tuple[torch.Tensor, torch.Tensor] | None = None, warmup: int = 100) -> float:
     """Median microseconds per eager elementwise op (`torch.add` of a 1-element float32 tensor into a
     preallocated output) issued from Python on `device`, over `repeats` batches of `ops` ops, the device
     synchronized before and after each batch: the host's cost of dispatching and launching one tiny kernel
     from eager PyTorch at this moment. A stock tail of n kernels costs at least about n times this on the
     host (shared/notes/stock_decoders.md: the stock tails are host-bound), so a run's stock time moves
     with it; `suite.runner.verify` records it around every timing round. About 5-30 ms per call.
+    buffers: (input, output) 1-element tensors on `device` to use instead of allocating two (no allocator
+    traffic: `UnitHostSampler` between units); warmup: untimed ops first (at most `ops`; 0 for none).
     Raises ValueError for ops or repeats that is not an int >= 1."""
     ops, repeats = _count("ops", ops), _count("repeats", repeats)
     import time
 
     device = torch.device(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    x = torch.zeros(1, device=device)
-    y = torch.empty_like(x)
-    for _ in range(min(ops, 100)):                       # warm the dispatcher and the kernel
+    if buffers is None:
+        x = torch.zeros(1, device=device)
+        y = torch.empty_like(x)
+    else:
+        x, y = buffers
+    for _ in range(min(ops, max(int(warmup), 0))):        # warm the dispatcher and the kernel
         torch.add(x, 1.0, out=y)
     batches = []
     for _ in range(repeats):
@@ -295,8 +301,9 @@ class UnitHostSampler:
     """The host's and the GPU's state right after one unit, read outside its timed region (suite.runner:
     `UnitRecord.host`). `sampler()` returns {"op_us": `host_op_us(device, ops=UNIT_PROBE_OPS, repeats=1)`,
     microseconds per eager launch; "cpu_loop_us": `cpu_loop_us()`; "sm_mhz": the GPU's current SM clock in
-    MHz from NVML (nvmlDeviceGetClockInfo, NVML_CLOCK_SM), None on CPU or without NVML}. About 1-3 ms per
-    call on CUDA. Why: on the lent H200 (a KVM guest) the eager-launch probe switched between ~7.3 and
+    MHz from NVML (nvmlDeviceGetClockInfo, NVML_CLOCK_SM), None on CPU or without NVML}. About 1 ms per
+    call on CUDA; the probe runs on two 1-element tensors allocated once here (no allocator traffic between
+    units) with no untimed warm-up (the sampler's first call warms it; its value is still recorded). Why: on the lent H200 (a KVM guest) the eager-launch probe switched between ~7.3 and
     ~10.5 us per op every ~0.25-3.6 s, also pinned to one vCPU (results/2026-11-30-h200-hostdiag/), and
     the host-bound stock tails moved between runs by up to 46%; per-unit samples say whether the slow state is the CPU's (cpu_loop_us) or the
     GPU's clock (sm_mhz)."""
@@ -304,6 +311,8 @@ class UnitHostSampler:
     def __init__(self, device: str | torch.device):
         self.device = torch.device(device)
         self._nvml, self._handle = nvml_handle(self.device)
+        x = torch.zeros(1, device=self.device)
+        self._buffers = (x, torch.empty_like(x))
 
     def sm_mhz(self) -> int | None:
         if self._handle is None:
@@ -315,5 +324,5 @@ class UnitHostSampler:
 
     def __call__(self) -> dict:
         sm = self.sm_mhz()                   # first: the clock the unit ran at, before the probes run
-        return {"op_us": host_op_us(self.device, ops=UNIT_PROBE_OPS, repeats=1),
+        return {"op_us": host_op_us(self.device, ops=UNIT_PROBE_OPS, repeats=1, buffers=self._buffers, warmup=0),
                 "cpu_loop_us": cpu_loop_us(), "sm_mhz": sm}

@@ -405,7 +405,7 @@ def open_session(adapter, model, mode: str, spec: dict):
 # --- sessions ------------------------------------------------------------------------------------
 def run_session(adapter, model, mode: str, spec: dict, units: list, device: torch.device, *,
                 probe: MemoryProbe | None = None, label: str = "", progress: bool = True,
-                profile_units: int | None = None):
+                profile_units: int | None = None, host_samples: bool = False):
     """Open one session and walk the units. Returns (records, UnitOutputs by index, pcm16, memory,
     final stats). The first WARMUP_SPEAK_UNITS SPEAK units are marked measured=False.
 
@@ -418,14 +418,18 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
     LISTEN unit: passes, unless it carries a payload (Moshi: the stock server decodes every frame,
     listening or not, workloads/moshi.py): then it is decoded the same way, with `final=False` and no
     turn, timed and hashed but never measured. The session audio is every decoded unit in order.
+
+    host_samples: after each timed SPEAK unit, outside its timed region, record the host's and GPU's state
+    (`UnitRecord.host`, env.UnitHostSampler: ~1 ms; its two probe tensors are allocated before the memory
+    probe's session starts). `verify` asks for them; the memory stages (run_workload) do not.
     Raises ValueError for a unit kind other than LISTEN / SPEAK."""
     from tqdm import tqdm
 
+    sample_host = env.UnitHostSampler(device) if host_samples else None
     if probe is not None:
         probe.begin_session()
     session = open_session(adapter, model, mode, spec)
     timer = UnitTimer(device)
-    sample_host = env.UnitHostSampler(device)
     n_prof = (PROFILED_SPEAK_UNITS if profile_units is None else int(profile_units)) if device.type == "cuda" else 0
     speak_idx = [int(u.index) for u in units if u.kind == "SPEAK"]
     profiled = set(speak_idx[len(speak_idx) - n_prof:]) if n_prof > 0 else set()
@@ -454,7 +458,7 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
             rec.wall_ms = rec.kernels["wall_ms"]
         else:
             out, rec.tail_ms, rec.wall_ms = timer(session.speak, payload, final=bool(speak and unit.final))
-            if speak:
+            if speak and sample_host is not None:
                 rec.host = sample_host()
         if speak and unit.final:
             open_turn = None
@@ -632,14 +636,16 @@ def verify(workload, device, *, depth: str = "released", seconds: float | None =
         model, probe = _build(adapter, spec, device, depth, seeds)
         host_before = env.host_op_us(device)
         stock_out = run_session(adapter, model, "stock", spec, units, device, probe=probe,
-                                label=f"{workload.name} stock", progress=progress, profile_units=0)
+                                label=f"{workload.name} stock", progress=progress, profile_units=0,
+                                host_samples=True)
         stock = _mode_result(workload, "stock", device, depth, params, seeds, prov, det, rate,
                              stock_out, limited)
         cadence = None
         if supports_cadence(adapter):
             try:
                 cadence_out = run_session(adapter, model, "cadence", spec, units, device, probe=probe,
-                                          label=f"{workload.name} cadence", progress=progress, profile_units=0)
+                                          label=f"{workload.name} cadence", progress=progress, profile_units=0,
+                                          host_samples=True)
                 cadence = _mode_result(workload, "cadence", device, depth, params, seeds, prov, det,
                                        rate, cadence_out, limited)
             except ModeUnavailable as exc:
@@ -688,7 +694,8 @@ def _timing_round(name: str, adapter, model, spec: dict, units: list, device, r:
     for mode in order:
         recs, outs, _pcm, _mem, _stats = run_session(adapter, model, mode, spec, units, device, probe=None,
                                                      label=f"{name} {mode} round {r}", progress=progress,
-                                                     profile_units=0)
+                                                     profile_units=0,
+                                                     host_samples=True)
         tails = [u.tail_ms for u in recs if u.index in measured and u.tail_ms is not None]
         runs[mode] = (recs, outs, float(np.percentile(tails, 50)) if tails else None,
                       host_p50([u for u in recs if u.index in measured]))

@@ -418,6 +418,11 @@ def test_cuda_verify_profiles_after_the_timing(fake_adapter, clean_tree):
     assert len(pp["profiled_units"]["stock"]) == runner.PROFILED_SPEAK_UNITS
     prof = [u for u in res.cadence.units if u.kernels]
     assert [u.index for u in prof] == pp["profiled_units"]["cadence"] and all(u.measured for u in prof)
+    timed = [u for run in (res.stock, res.cadence) for u in run.units if u.kind == "SPEAK"]
+    assert all(u.host["op_us"] > 0 for u in timed)     # per-unit samples; the SM clock where NVML answers
+    if env.nvml_handle("cuda")[1] is not None:
+        assert all(isinstance(u.host["sm_mhz"], int) and u.host["sm_mhz"] > 0 for u in timed)
+        assert all(r["unit_host_p50"][m]["sm_mhz_p50"] > 0 for r in res.rounds for m in ("stock", "cadence"))
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "3", True, None])
@@ -442,6 +447,20 @@ def test_host_op_us_measures_and_rejects_bad_counts():
             env.host_op_us("cpu", ops=bad)
         with pytest.raises(ValueError, match=r"^repeats: expected an int >= 1, got "):
             env.host_op_us("cpu", repeats=bad)
+
+
+def test_host_op_us_uses_the_buffers_it_is_given():
+    x, y = torch.full((1,), 2.0), torch.zeros(1)
+    assert env.host_op_us("cpu", ops=10, repeats=1, buffers=(x, y), warmup=0) > 0
+    assert y.item() == 3.0                               # the probe wrote its given output: nothing allocated
+
+
+def test_memory_runs_take_no_host_samples_and_verify_does(fake_adapter, clean_tree):
+    res = runner.run_workload(workload(), "stock", "cpu", progress=False)
+    assert all(u.host is None for u in res.units) and "host_op_us_p50" not in res.metrics
+    ver = runner.verify(workload(), "cpu", progress=False)
+    timed = [u for u in ver.stock.units if u.kind == "SPEAK"]
+    assert timed and all(u.host and u.host["op_us"] > 0 for u in timed)
 
 
 def test_cpu_loop_us_measures_and_rejects_bad_counts():
@@ -627,10 +646,6 @@ def test_cuda_run_times_and_measures_memory(fake_adapter):
         n - runner.WARMUP_SPEAK_UNITS - runner.PROFILED_SPEAK_UNITS) + [False] * runner.PROFILED_SPEAK_UNITS
     mem = res.memory
     assert mem["driver_source"] in ("nvml", "cuda_mem_get_info")
-    timed = speak[:-runner.PROFILED_SPEAK_UNITS]       # per-unit host samples: launch probe, and the SM clock via NVML
-    assert all(r.host["op_us"] > 0 for r in timed)
-    if mem["driver_source"] == "nvml":
-        assert all(isinstance(r.host["sm_mhz"], int) and r.host["sm_mhz"] > 0 for r in timed)
-    assert all(r.host is None for r in speak[-runner.PROFILED_SPEAK_UNITS:])
+    assert all(r.host is None for r in res.units)      # no per-unit host samples in a memory run
     assert mem["session_alloc_mib"] >= 16 * n and mem["session_driver_mib"] >= 16 * n, mem
     assert res.provenance["device"]["gpu_name"] and res.provenance["cuda"] != "none"
