@@ -299,14 +299,21 @@ def cpu_loop_us(iters: int = CPU_LOOP_ITERS, repeats: int = 3) -> float:
 
 class UnitHostSampler:
     """The host's and the GPU's state right after one unit, read outside its timed region (suite.runner:
-    `UnitRecord.host`). `sampler()` returns {"op_us": `host_op_us(device, ops=UNIT_PROBE_OPS, repeats=1)`,
-    microseconds per eager launch; "cpu_loop_us": `cpu_loop_us()`; "sm_mhz": the GPU's current SM clock in
-    MHz from NVML (nvmlDeviceGetClockInfo, NVML_CLOCK_SM), None on CPU or without NVML}. About 1 ms per
-    call on CUDA; the probe runs on two 1-element tensors allocated once here (no allocator traffic between
-    units) with no untimed warm-up (the sampler's first call warms it; its value is still recorded). Why: on the lent H200 (a KVM guest) the eager-launch probe switched between ~7.3 and
-    ~10.5 us per op every ~0.25-3.6 s, also pinned to one vCPU (results/2026-11-30-h200-hostdiag/), and
-    the host-bound stock tails moved between runs by up to 46%; per-unit samples say whether the slow state is the CPU's (cpu_loop_us) or the
-    GPU's clock (sm_mhz)."""
+    `UnitRecord.host`, verify's timed SPEAK units). `sampler()` returns a dict:
+
+    * "op_us": `host_op_us(device, ops=UNIT_PROBE_OPS, repeats=1)`, microseconds per eager launch, on two
+      1-element tensors allocated once here (no allocator traffic between units) and with no untimed
+      warm-up (the first call, a warm-up unit's, warms it);
+    * "cpu_loop_us": `cpu_loop_us()`, microseconds;
+    * "sm_mhz": the GPU's current SM clock in MHz from NVML (nvmlDeviceGetClockInfo, NVML_CLOCK_SM), read
+      first, before the probes run; None on CPU, without NVML, or on an NVML error.
+
+    About 1 ms per call on CUDA. Why: on the lent H200 (a KVM guest) the eager-launch probe switched
+    between ~7.3 and ~10.5 us per op every ~0.25-3.6 s, also pinned to one vCPU
+    (results/2026-11-30-h200-hostdiag/), and the host-bound stock tails moved between runs by up to 46%;
+    per-unit samples say whether the slow state is the CPU's (cpu_loop_us) or the GPU clock's (sm_mhz).
+    Construction raises nothing on a machine without CUDA for device "cpu"; for a CUDA device it needs CUDA
+    (torch raises otherwise)."""
 
     def __init__(self, device: str | torch.device):
         self.device = torch.device(device)

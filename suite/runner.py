@@ -64,7 +64,7 @@ class UnitRecord:
     clipped_frac: float | None = None  # fraction of samples with |x| >= CLIP_LEVEL
     stats: dict | None = None       # session.stats() after the unit (cumulative), if the session has it
     kernels: dict | None = None     # profiled units (CUDA): launches, kernels, kernel-busy ms (suite.kernels)
-    host: dict | None = None        # timed SPEAK units: host / GPU state right after (env.UnitHostSampler)
+    host: dict | None = None        # verify's timed SPEAK units: host / GPU state right after (env.UnitHostSampler)
     info: dict = field(default_factory=dict)   # UnitOutput.info (e.g. the stream calls made)
 
 
