@@ -229,8 +229,10 @@ def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: 
     with it; `suite.runner.verify` records it around every timing round. About 5-30 ms per call.
     buffers: (input, output) 1-element tensors on `device` to use instead of allocating two (no allocator
     traffic: `UnitHostSampler` between units); warmup: untimed ops first (at most `ops`; 0 for none).
-    Raises ValueError for ops or repeats that is not an int >= 1."""
+    Raises ValueError for ops or repeats that is not an int >= 1, or warmup not an int >= 0."""
     ops, repeats = _count("ops", ops), _count("repeats", repeats)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup: expected an int >= 0, got {warmup!r}")
     import time
 
     device = torch.device(device)
@@ -240,7 +242,7 @@ def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: 
         y = torch.empty_like(x)
     else:
         x, y = buffers
-    for _ in range(min(ops, max(int(warmup), 0))):        # warm the dispatcher and the kernel
+    for _ in range(min(ops, warmup)):                    # warm the dispatcher and the kernel
         torch.add(x, 1.0, out=y)
     batches = []
     for _ in range(repeats):

@@ -453,6 +453,9 @@ def test_host_op_us_uses_the_buffers_it_is_given():
     x, y = torch.full((1,), 2.0), torch.zeros(1)
     assert env.host_op_us("cpu", ops=10, repeats=1, buffers=(x, y), warmup=0) > 0
     assert y.item() == 3.0                               # the probe wrote its given output: nothing allocated
+    for bad in (-1, 2.5, "5", None, True):
+        with pytest.raises(ValueError, match=r"^warmup: expected an int >= 0, got "):
+            env.host_op_us("cpu", ops=10, warmup=bad)
 
 
 def test_memory_runs_take_no_host_samples_and_verify_does(fake_adapter, clean_tree):
