@@ -71,7 +71,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from duplexcadence import runtime, scheduler
+from duplexcadence import graphs, runtime, scheduler
 from suite import env
 from suite.ar_stage import ARSpecError, make_ar
 from suite.duplex_session import (PERIOD_S, WARMUP_TURN_UNITS, Driver, PoolEntry, footprint, release,
@@ -134,7 +134,7 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
     phases = scheduler.staggered_phases(n, PERIOD_S)
     pool = pool if pool is not None else []
     locks: dict[int, threading.Lock] = {}
-    drivers, admission, estimate, fresh = [], [], 0, []
+    drivers, admission, estimate, fresh, streams = [], [], 0, [], []
     for s in range(n):
         name = f"{workload.name}/{mode}/{s}"
         units = session_units(workload, seconds, s % variants)
@@ -156,6 +156,10 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
                 fresh.append(entry)
         estimate = entry.nbytes
         drv = entry.driver
+        if policy == "threads" and drv.own_rng:
+            raise ValueError(f"policy: 'threads' needs sessions that draw no noise from the process's default "
+                             f"generators; {workload.name} {mode} sessions do (Driver keeps each one's "
+                             f"generator state, which needs one host thread): use 'edf'")
         drv.turn = None                    # the run's first SPEAK unit opens a turn
         # Sessions on one model instance serialise their tails on its lock under "threads", unless the
         # session is safe to run beside them (flow_hift cadence: shared-state steps hold the model's lock
@@ -163,7 +167,10 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
         shared = policy == "threads" and not getattr(drv.session, "concurrent", False)
         drv.tail_lock = locks.setdefault(id(entry.instance), threading.Lock()) if shared \
             else contextlib.nullcontext()
-        stream = torch.cuda.Stream(device) if (policy == "threads" and device.type == "cuda") else None
+        # a stream no other live session holds (torch's own pool repeats after 32: graphs.StreamLeases)
+        stream = graphs.STREAMS.acquire(device) if (policy == "threads" and device.type == "cuda") else None
+        if stream is not None:
+            streams.append(stream)
         sched.admit(scheduler.Slot(name, units, drv.run_unit, Driver.has_work, entry.nbytes, phases[s], stream))
         drivers.append(drv)
         admission.append({"session": s, "footprint_bytes": entry.nbytes, "footprint_how": entry.how,
@@ -172,8 +179,14 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    timings = sched.run()
-    wall_s = time.perf_counter() - t0
+    try:
+        timings = sched.run()
+        wall_s = time.perf_counter() - t0
+    finally:
+        if streams:
+            torch.cuda.synchronize(device)
+            for st in streams:
+                graphs.STREAMS.release(st)
     units = []
     for t in timings:
         rec = {"session": t.session, "index": t.index, "kind": t.kind,

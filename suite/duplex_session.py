@@ -67,7 +67,17 @@ def session_units(workload, seconds: float, variant: int = 0) -> list[DuplexUnit
 # --- a session with its AR stage -------------------------------------------------------------------------
 class Driver:
     """One session and its AR stage: `run_unit(unit)` does one unit's work and returns its record fields.
-    device: the session's device (CUDA: events on the current stream time the unit)."""
+    device: the session's device (CUDA: events on the current stream time the unit).
+
+    A session whose decoder draws from the process's default generators (`draws_default_generator`:
+    Step-Audio 2, whose HiFT draws `torch.rand`/`randn_like` noise, stepaudio2 hifigan_components/layers.py
+    L314, L378, L432, and which upstream never seeds) gets its own generator state: the state when the
+    Driver is made (build it right after the session opens; the session seeds the generators) is
+    restored before each of its tails and warm-ups and saved after, so N sessions in one process each draw
+    the stream they would draw alone (otherwise a session's audio would depend on how the others' units
+    interleave with its own). Both modes get it; it costs a host-side get/set of the CPU and CUDA default
+    generators' state (no kernel), inside the unit's tail time. Such sessions need one host thread
+    (suite.duplex refuses the "threads" policy for them)."""
 
     def __init__(self, session, ar, device, name: str, tail_lock=None):
         self.session = session
@@ -77,6 +87,8 @@ class Driver:
         self.turn = None
         self.tail_lock = tail_lock or contextlib.nullcontext()   # sessions sharing one model instance
         self.rehearsed = None      # what session.rehearse() did in warm_up (flow_hift cadence)
+        self.own_rng = bool(getattr(session, "draws_default_generator", False))
+        self.rng = rng_state(self.device) if self.own_rng else None
 
     @staticmethod
     def has_work(unit: DuplexUnit) -> bool:
@@ -91,7 +103,7 @@ class Driver:
         if unit.kind == "SPEAK":
             self.ar.run(seed=unit.index)
         t1 = time.perf_counter()
-        with self.tail_lock:
+        with self.tail_lock, self._own_generators():
             out = self._tail(unit)
         t2 = time.perf_counter()
         if cuda:
@@ -101,6 +113,18 @@ class Driver:
         return {"ar_ms": (t1 - t0) * 1e3, "tail_ms": (t2 - t1) * 1e3,
                 "device_ms": float(ev[0].elapsed_time(ev[1])) if cuda else None,
                 "samples": out.samples, "sha256_f32": f32, "sha256_pcm16": i16}
+
+    @contextlib.contextmanager
+    def _own_generators(self):
+        """This session's generator state in the default generators for the block (own_rng), else nothing."""
+        if not self.own_rng:
+            yield
+            return
+        set_rng_state(self.device, self.rng)
+        try:
+            yield
+        finally:
+            self.rng = rng_state(self.device)
 
     def _tail(self, unit: DuplexUnit):
         if unit.kind == "SPEAK":
@@ -121,11 +145,17 @@ class Driver:
         CUDA; the next start_turn restores the voice's base state).
         Stock Moshi (no turns, no prepare) is not warmed: a unit would advance its stream."""
         self.ar.run(seed=-1)
+        with self._own_generators():
+            self._warm_up(units, body)
+
+    def _warm_up(self, units: list[DuplexUnit], body: int) -> None:
         if self.rehearsed is not None:     # already rehearsed: every signature of the script is captured
             return
         if not hasattr(self.session, "start_turn") or not _turn_based(self.session):
-            if callable(getattr(self.session, "prepare", None)):
-                self.session.prepare()     # Moshi cadence: capture + restore
+            # Moshi cadence: capture + restore. Step-Audio 2's prepare() refuses (its caches carry over
+            # turns, so any warm-up unit would change what follows): warm_process warms its process.
+            if callable(getattr(self.session, "prepare", None)) and not _caches_carry_over(self.session):
+                self.session.prepare()
             return
         speak = [u for u in units if u.kind == "SPEAK"]
         if not speak:
@@ -151,6 +181,21 @@ class Driver:
             torch.cuda.synchronize(self.device)
 
 
+def rng_state(device) -> tuple:
+    """The default generators' state: (CPU generator state, the CUDA device's default generator state or
+    None off CUDA), as `torch.get_rng_state` / `torch.cuda.get_rng_state` give them (host tensors)."""
+    device = torch.device(device)
+    return (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+def set_rng_state(device, state: tuple) -> None:
+    """Put `state` (from `rng_state`) back into the default generators of the CPU and of `device`."""
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, torch.device(device))
+
+
 def script_turns(units: list[DuplexUnit]) -> list[tuple[int, ...]]:
     """The token counts of every turn's SPEAK units, in order (a turn ends at its final unit; a turn cut
     by the end of the run is left out: it is never flushed)."""
@@ -170,6 +215,12 @@ def _turn_based(session) -> bool:
     leaves no trace. Moshi streams continuously; Step-Audio 2's turns continue on the same caches
     (upstream never resets them), so a warm-up turn would change what follows."""
     return not type(session).__module__.endswith(("mimi", "mimi_cadence", "stepaudio2", "stepaudio2_cadence"))
+
+
+def _caches_carry_over(session) -> bool:
+    """True for Step-Audio 2 sessions (stock and cadence): their caches carry over turns (upstream never
+    resets them), so they take no warm-up unit of their own."""
+    return type(session).__module__.endswith(("stepaudio2", "stepaudio2_cadence"))
 
 
 # --- footprints ----------------------------------------------------------------------------------------

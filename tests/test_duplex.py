@@ -6,6 +6,7 @@ the same session run alone. GPU tests skip on the CPU with the reason.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -15,7 +16,7 @@ import torch
 
 from duplexcadence import scheduler
 from duplexcadence.scheduler import AdmissionError, CadenceScheduler, ScheduleError, Slot
-from suite import ar_stage, duplex
+from suite import ar_stage, duplex, duplex_session
 
 PERIOD = 1.0
 
@@ -413,3 +414,56 @@ def test_cli_seconds_before_the_first_speak_unit_exits_2_before_any_work(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--seconds" in err[0] and "SPEAK" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+# --- Step-Audio 2: sessions that draw from the process's default generators --------------------------------
+def _tiny_stepaudio2(tmp_path):
+    """The stepaudio2_mini workload on a 3-unit script (SPEAK 16 tokens, SPEAK 16, SPEAK final empty)."""
+    import random
+
+    import workloads
+    rng = random.Random(7)
+    rows = [{"unit": i, "t_start_s": float(i), "kind": "SPEAK", "turn": 0, "final": i == 2,
+             "tokens": [] if i == 2 else [rng.randrange(6561) for _ in range(16)]} for i in range(3)]
+    path = tmp_path / "tiny_flow_hift.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return dataclasses.replace(workloads.get("stepaudio2_mini"), script=path)
+
+
+@pytest.fixture(scope="module")
+def sa2_model():
+    import workloads
+    from duplexcadence import runtime
+    from suite.runner import make_spec
+    wl = workloads.get("stepaudio2_mini")
+    adapter = runtime.adapter(wl.architecture)
+    spec = make_spec(wl, steps=2)          # 2 Euler steps: the generator draws are the HiFT's either way
+    return adapter, adapter.build_model(spec, device="cpu", depth="reduced", seed=0), spec
+
+
+@pytest.mark.parametrize("mode", ["stock", "cadence"])
+def test_sessions_drawing_the_default_generator_each_give_their_bytes_alone(tmp_path, sa2_model, mode,
+                                                                             monkeypatch):
+    """Step-Audio 2's HiFT draws noise from the process's default generators: two sessions in one process
+    give the bytes of each alone only because each Driver keeps its own generator state; without it
+    (negative control) the second session's noise stream continues the first's and its bytes differ."""
+    adapter, model, spec = sa2_model
+    wl = _tiny_stepaudio2(tmp_path)
+    refs = {v: duplex.session_hashes(duplex._solo_variant(wl, mode, v, model, adapter, spec, ar_stage.NoAR(),
+                                                          "cpu", 3))[0] for v in range(2)}
+    assert refs[0] != refs[1]
+    run = duplex.run_sessions(wl, mode, 2, model=model, adapter=adapter, spec=spec, ar=ar_stage.NoAR(),
+                              device="cpu", seconds=3, variants=2, clock=FakeClock(), progress=False)
+    assert all(a["footprint_bytes"] >= 0 for a in run["admission"])
+    assert duplex.check_against_reference(run, refs, 2) == []
+    monkeypatch.setattr(duplex_session.Driver, "_own_generators", lambda self: contextlib.nullcontext())
+    shared = duplex.run_sessions(wl, mode, 2, model=model, adapter=adapter, spec=spec, ar=ar_stage.NoAR(),
+                                 device="cpu", seconds=3, variants=2, clock=FakeClock(), progress=False)
+    assert duplex.check_against_reference(shared, refs, 2) != []
+
+
+def test_threads_policy_is_refused_for_sessions_drawing_the_default_generator(tmp_path, sa2_model):
+    adapter, model, spec = sa2_model
+    with pytest.raises(ValueError, match="policy: 'threads' needs sessions that draw no noise"):
+        duplex.run_sessions(_tiny_stepaudio2(tmp_path), "stock", 1, model=model, adapter=adapter, spec=spec,
+                            ar=ar_stage.NoAR(), device="cpu", seconds=3, policy="threads", progress=False)

@@ -31,10 +31,98 @@ moshi's CUDAGraphed (utils/compile.py L190-280), without padding and with many k
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
 import torch
+
+
+class StreamLeases:
+    """CUDA streams that no two holders share at once: each `acquire(device)` returns a stream no other
+    live lease holds, created fresh (cuda-python driver API, `cuStreamCreate` non-blocking, wrapped in
+    `torch.cuda.ExternalStream`) when none is free; `release(stream)` makes it available again. Streams
+    are never destroyed, so a stream's address never comes back as another stream's: at most as many
+    streams as leases were ever held at once (one per live session), for the life of the process.
+
+    Why not `torch.cuda.Stream()`: it hands out torch's per-device pool of 32 streams round-robin (c10
+    CUDAStream.cpp, kStreamsPerPool; pytorch/pytorch#9938), so the 33rd stream of a process is the first
+    again. A captured cuBLAS call keeps the workspace of (cuBLAS handle, capture stream)
+    (aten/src/ATen/cuda/CublasHandlePool.cpp), and every session's graphs are captured from the same
+    host thread (one handle): two live sessions with the same pool stream share one workspace, and their
+    graphs replayed at once on different streams corrupt each other. Seen on the H200 as "Causal vocoder
+    returned non-finite audio" in the 26-session run of MiniCPM-o after 1 and 24 sessions had taken 49
+    pool streams (results/2026-11-30-h200-reproduce-5/minicpmo45.duplex_cadence, the failed sitting).
+
+    Without cuda-python, `acquire` falls back to torch's pool and raises RuntimeError when the stream it
+    gets is already leased (instead of sharing it). Thread-safe."""
+
+    def __init__(self, create=None):
+        self._create = create or _new_driver_stream
+        self._lock = threading.Lock()
+        self._free: dict[int, list] = {}
+        self._leased: dict[int, int] = {}      # cuda_stream address -> device index, while leased
+
+    def acquire(self, device) -> "torch.cuda.Stream":
+        """A stream on `device` (torch.device or str, CUDA) that no other live lease holds."""
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device: expected a CUDA device, got {device}")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with self._lock:
+            free = self._free.setdefault(index, [])
+            stream = free.pop() if free else self._create(index)
+            if stream.cuda_stream in self._leased:
+                raise RuntimeError(f"stream {stream.cuda_stream:#x} on cuda:{index} is already leased: torch's "
+                                   f"stream pool has wrapped around (32 per device); install cuda-python "
+                                   f"(the 'gpu' extra) for a stream per session")
+            self._leased[stream.cuda_stream] = index
+            return stream
+
+    def release(self, stream) -> None:
+        """Give a stream back once its holder's work is done (nothing queued on it, no graph captured on it
+        still replaying): the next holder may capture or run on it at once. Raises ValueError for a stream
+        that is not leased."""
+        with self._lock:
+            index = self._leased.pop(stream.cuda_stream, None)
+            if index is None:
+                raise ValueError(f"stream {stream.cuda_stream:#x} is not leased")
+            self._free.setdefault(index, []).append(stream)
+
+    def leased(self) -> int:
+        """How many streams are leased now."""
+        with self._lock:
+            return len(self._leased)
+
+
+def _new_driver_stream(index: int) -> "torch.cuda.Stream":
+    """A new non-blocking stream on device `index`'s primary context (the one torch uses), else one of
+    torch's pool streams where cuda-python is missing (StreamLeases then refuses a wrapped-around one)."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        return torch.cuda.Stream(torch.device("cuda", index))
+    torch.cuda.init()
+
+    def check(result, call):
+        err, *rest = result
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"{call} failed: {err}")
+        return rest[0] if rest else None
+
+    dev = check(cu.cuDeviceGet(index), "cuDeviceGet")
+    ctx = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")    # kept: streams live on
+    check(cu.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+    try:
+        raw = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
+    finally:
+        check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+    return torch.cuda.ExternalStream(int(raw), device=torch.device("cuda", index))
+
+
+#: The process's stream leases: GraphCache capture streams, suite.duplex's per-session streams.
+STREAMS = StreamLeases()
 
 
 class SignatureError(KeyError):
@@ -97,11 +185,13 @@ class GraphCache:
         self.closed = False
         self.stats = GraphStats()
         self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
-        # Its own capture stream: a captured cuBLAS call keeps the workspace of (handle, capture stream),
-        # and torch.cuda.graph's default capture stream is one per process, so graphs of different
-        # sessions captured there would share one workspace and corrupt each other when replayed at the
-        # same time on different streams (seen as non-finite audio with 16 threaded sessions).
-        self.capture_stream = torch.cuda.Stream(self.device) if self.enabled else None
+        # Its own capture stream, leased for the cache's life: a captured cuBLAS call keeps the workspace
+        # of (handle, capture stream), so caches sharing a capture stream (torch.cuda.graph's default one
+        # per process, or torch's 32-stream pool wrapping around) share one workspace and corrupt each
+        # other when replayed at the same time on different streams (StreamLeases).
+        self.capture_stream = STREAMS.acquire(self.device) if self.enabled else None
+        if self.capture_stream is not None:     # back to the leases when the cache (and its graphs) go
+            weakref.finalize(self, STREAMS.release, self.capture_stream)
         self.pool_bytes = 0
 
     def close(self) -> None:

@@ -322,7 +322,11 @@ class StockSession:
     the calls of `plan_calls`, a turn's final unit flushes (ex L26-27).
 
     rng_seed: the default generators are seeded with it when the session opens (inferred; see module doc).
+    draws_default_generator: True: the HiFT's noise comes from the process's default generators, shared
+    by every session of the process (a harness that runs several sessions must keep each one's state).
     """
+
+    draws_default_generator = True
 
     def __init__(self, t2w: StockToken2wav, prompt: fh.Prompt, *, rng_seed: int = 0):
         if getattr(t2w, "stock_buffers_released", False):

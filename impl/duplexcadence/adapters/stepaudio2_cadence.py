@@ -162,8 +162,10 @@ class CadenceSession(_FlowCadence):
     routing runs eagerly). Raises ValueError for another value.
     arena_backend: "auto" (vmm on CUDA where supported, else prealloc; cpu on CPU) | "vmm" | "prealloc" | "cpu".
     Raises InputError for bad input and ClockError for a unit past the position table, both before any
-    state changes.
+    state changes. draws_default_generator: True, as stock (the same draws from the default generators).
     """
+
+    draws_default_generator = True
 
     def __init__(self, t2w: sa.StockToken2wav, prompt: fh.Prompt, *, rng_seed: int = 0,
                  graphs: bool | str = False, strict: bool = False, arena_backend: str = "auto"):
