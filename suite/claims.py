@@ -554,15 +554,24 @@ def bitwise_table(data: dict) -> str:
 
 
 # --- comparison with a reference run -------------------------------------------------------------
-def compare_table(data: dict, refs: dict[str, dict]) -> str:
-    """Speedup and peak-memory change of ours vs a reference record per workload found in both."""
+def _ref_list(refs: dict) -> dict[str, list[tuple[str, dict]]]:
+    """refs as workload -> [(label, record), ...]: accepts workload -> record (labelled by its run_id) or
+    workload -> list of (label, record) pairs (`write` with several --compare folders)."""
+    out = {}
+    for w, v in (refs or {}).items():
+        out[w] = [(str(v.get("run_id", DASH)), v)] if isinstance(v, dict) else list(v)
+    return out
+
+
+def compare_table(data: dict, refs: dict) -> str:
+    """Speedup and peak-memory change of ours vs each reference record, per workload found in both (a row
+    per reference run). refs: see `_ref_list`."""
     from suite.memory import headline
 
     rows = []
-    for w, e in data["workloads"].items():
-        ref = refs.get(w)
-        if ref is None:
-            continue
+    by_workload = _ref_list(refs)
+    for w, e, label, ref in [(w, e, label, ref) for w, e in data["workloads"].items()
+                             for label, ref in by_workload.get(w, [])]:
         ours, theirs = speedup(e.get("verify", {}).get("record")), speedup(ref)
         if ours and theirs:
             inside = theirs["lo"] <= ours["x"] <= theirs["hi"]
@@ -578,11 +587,57 @@ def compare_table(data: dict, refs: dict[str, dict]) -> str:
         mem = (DASH if ours_pct is None or ref_pct is None else
                f"{ours_pct:+.1f}% vs {ref_pct:+.1f}% ({ours_pct - ref_pct:+.1f} points; one sample per run, "
                f"no spread)")
-        rows.append([w, ref.get("run_id", DASH), sp, mem])
+        rows.append([w, label, sp, mem])
     if not rows:
         return "No workload of this run is in the reference run(s)."
     return _table(rows, ["workload", "reference run", "speedup: ours [band] vs reference [band]",
                          "peak memory change: ours vs reference"])
+
+
+def between_runs_table(data: dict, refs: dict) -> str:
+    """Per workload, this run's verify rounds beside the reference runs' of the same impl/ tree: each run's
+    median speedup, the references' pooled round band (the noise between processes and sittings, which one
+    run's rounds cannot show), whether ours lies in it, and how far stock's and cadence's round p50s moved
+    over all these runs (max / min). References of another impl/ tree are counted out and named; of a
+    reference whose rounds 2+ ran after the profiler (`profiled_before_rounds`), only round 1 counts.
+    refs: see `_ref_list`. Returns a sentence when no workload has a reference with timing rounds."""
+    rows = []
+    for w, e in data["workloads"].items():
+        ours = e.get("verify", {}).get("record")
+        mine = timing_rounds(ours)
+        if not mine:
+            continue
+        tree = str((ours.get("provenance") or {}).get("impl_tree"))
+        same, other, cut = [], [], []
+        for label, ref in _ref_list(refs).get(w, []):
+            rr = timing_rounds(ref)
+            if profiled_before_rounds(ref):      # rounds 2+ ran with CUPTI attached: a known slowdown
+                rr, _ = rr[:1], cut.append(label)
+            if not rr:
+                continue
+            (same if str((ref.get("provenance") or {}).get("impl_tree")) == tree else other).append((label, rr))
+        if not same:
+            if other:
+                rows.append([w, DASH, DASH, DASH, DASH, DASH,
+                             "no reference of this impl/ tree (other trees: " + ", ".join(l for l, _ in other) + ")"])
+            continue
+        pooled = [float(r["speedup_x"]) for _, rr in same for r in rr]
+        lo, hi = min(pooled), max(pooled)
+        x = float(np.median([float(r["speedup_x"]) for r in mine]))
+        everything = [mine] + [rr for _, rr in same]
+        stock = [float(r["stock_tail_ms_p50"]) for rr in everything for r in rr]
+        cad = [float(r["cadence_tail_ms_p50"]) for rr in everything for r in rr]
+        medians = ", ".join(f"{np.median([float(r['speedup_x']) for r in rr]):.2f}x" for _, rr in same)
+        note = ("" if not other else "; other impl/ trees counted out: " + ", ".join(l for l, _ in other))
+        note += ("" if not cut else "; round 1 only (rounds 2+ timed after the profiler): " + ", ".join(cut))
+        rows.append([w, str(len(same)), medians, f"{x:.2f}x", f"[{lo:.2f}-{hi:.2f}] ({len(pooled)} rounds)",
+                     "yes" if lo <= x <= hi else "NO",
+                     f"stock x{max(stock) / min(stock):.2f} ({min(stock):.1f}-{max(stock):.1f} ms), cadence "
+                     f"x{max(cad) / min(cad):.2f} ({min(cad):.1f}-{max(cad):.1f} ms){note}"])
+    if not rows:
+        return "No reference run with timing rounds for a workload of this run."
+    return _table(rows, ["workload", "reference runs (same impl/ tree)", "their medians (round 1 where cut)", "ours (median)",
+                         "their rounds pooled [min-max]", "ours inside", "round p50 moved, over all these runs"])
 
 
 # --- GPU coverage and provenance -----------------------------------------------------------------
@@ -785,7 +840,13 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
                   "Ours is within the reference's noise when our speedup lies in the reference's band (its "
                   "rounds' min-max, or its unit band for a record of one round). The reference's memory may come from one process for both modes (its runner subtracts "
                   "what the first mode left); ours from one process per mode where the memory stages ran.", "",
-                  compare_table(data, refs), ""]
+                  compare_table(data, refs), "",
+                  "## Between runs (the noise between processes and sittings)", "",
+                  "One run's timing rounds share a process and a few minutes of the host; on a host whose speed "
+                  "changes (the lent H200: results/2026-11-30-h200-hostdiag/) they under-state the noise between "
+                  "runs. Pooled over the reference runs of the same impl/ tree, their rounds' min-max is that "
+                  "noise as measured so far; more runs can still widen it.", "",
+                  between_runs_table(data, refs), ""]
     parts += ["## Stages", "", stages_table(data), "",
               "Each stage's own REPORT.md, run.json and log.txt are in its folder (`<stage>/`).", "",
               "## Provenance", "", provenance_table(data), "",
@@ -826,9 +887,10 @@ def write(run_dir: str | Path, compare: list[str] | None = None, results_root: s
     reference) and ValueError (a malformed record), before writing anything."""
     run_dir = Path(run_dir)
     data = load(run_dir)
-    refs: dict[str, dict] = {}
+    refs: dict[str, list] = {}
     for ref in (compare if compare is not None else data["state"].get("compare", [])):
-        refs.update(load_reference(ref))
+        for w, rec in load_reference(ref).items():
+            refs.setdefault(w, []).append((Path(ref).name or str(ref), rec))
     root = Path(results_root) if results_root is not None else run_dir.parent
     render(data, refs, [], root)       # a malformed record fails here, before any plot is rewritten
     written = plots(data, run_dir)

@@ -754,6 +754,61 @@ def test_timing_rounds_give_the_speedup_and_its_band(fake_registry, clean_tree, 
     assert "OUTSIDE the reference's noise" in _section(text, "Against the reference run")
 
 
+def _rounds_record(xs, tree="t1", stock=None, profiled=False):
+    """A verify-style record with timing rounds of speedups xs (cadence 10 ms, stock 10 * x ms)."""
+    rec = {"provenance": {"impl_tree": tree}, "run_id": "w.verify",
+           "comparison": {"rounds": [{"round": i + 1, "speedup_x": x, "cadence_tail_ms_p50": 10.0,
+                                      "stock_tail_ms_p50": 10.0 * x if stock is None else stock[i]}
+                                     for i, x in enumerate(xs)]},
+           "modes": {"stock": {"units": [{"index": 0, "kernels": {"kernels": 1}} if profiled else {"index": 0}]}}}
+    return rec
+
+
+def _w_row(table: str) -> list[str]:
+    """The cells of workload "w"'s row of a rendered table."""
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "w":
+            return cells
+    raise AssertionError(f"no row for w in:\n{table}")
+
+
+def test_between_runs_pools_the_references_rounds_of_the_same_impl_tree():
+    data = {"workloads": {"w": {"verify": {"record": _rounds_record([2.5, 2.6, 2.7])}}}}
+    refs = {"w": [("run-a", _rounds_record([2.0, 2.1, 2.2])), ("run-b", _rounds_record([2.9, 3.0, 3.4]))]}
+    cells = _w_row(claims.between_runs_table(data, refs))
+    # two references; ours (2.6) lies between them, outside each one's own band but inside the pooled one
+    assert cells[1:6] == ["2", "2.10x, 3.00x", "2.60x", "[2.00-3.40] (6 rounds)", "yes"]
+    assert cells[6].startswith("stock x1.70 (20.0-34.0 ms), cadence x1.00")
+    refs["w"][1] = ("run-b", _rounds_record([2.9, 3.0, 3.4], tree="t0"))     # another impl tree: counted out
+    cells = _w_row(claims.between_runs_table(data, refs))
+    assert cells[1:6] == ["1", "2.10x", "2.60x", "[2.00-2.20] (3 rounds)", "NO"]
+    assert "other impl/ trees counted out: run-b" in cells[6]
+    # a reference whose rounds 2+ ran after the profiler gives round 1 only
+    refs["w"][1] = ("run-c", _rounds_record([2.4, 5.0, 5.0], profiled=True))
+    cells = _w_row(claims.between_runs_table(data, refs))
+    assert cells[4] == "[2.00-2.40] (4 rounds)" and "round 1 only (rounds 2+ timed after the profiler): run-c" in cells[6]
+    assert claims.between_runs_table(data, {}) == "No reference run with timing rounds for a workload of this run."
+    only_other = {"w": [("run-b", _rounds_record([2.9], tree="t0"))]}
+    assert "no reference of this impl/ tree (other trees: run-b)" in claims.between_runs_table(data, only_other)
+
+
+def test_compare_keeps_a_row_per_reference_run(fake_registry, clean_tree, tmp_path):  # noqa: F811
+    """Several --compare folders: one row each (a later folder used to replace an earlier one's record)."""
+    run_dir = tmp_path / "run"
+    state = stages.State.open(run_dir, OPTIONS, resume=False)
+    stages.run_plan([stages.Stage("fake", "verify", 100.0)], state, OPTIONS, execute=stages.inline_executor,
+                    log=lambda *_: None)
+    rec = json.loads((run_dir / "fake.verify" / "run.json").read_text())
+    for name in ("ref-a", "ref-b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps(rec))
+    text = claims.write(run_dir, [str(tmp_path / "ref-a"), str(tmp_path / "ref-b")]).read_text()
+    rows = [line for line in _section(text, "Against the reference run").splitlines() if line.startswith("| fake")]
+    assert [r.split("|")[2].strip() for r in rows] == ["ref-a", "ref-b"]
+    assert "## Between runs" in text
+
+
 def test_host_state_table_correlates_each_sample_with_the_tail():
     def unit(i, tail, op, sm):
         return {"index": i, "kind": "SPEAK", "measured": True, "tail_ms": tail,
