@@ -33,6 +33,7 @@ band ("within the noise the reference reports").
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -221,7 +222,11 @@ def spread(tails: np.ndarray) -> tuple[float, float, float] | None:
 def timing_rounds(record: dict | None) -> list[dict]:
     """The verify record's timing rounds that have a speedup ([] for an older record or one round)."""
     rounds = ((record or {}).get("comparison") or {}).get("rounds") or []
-    return [r for r in rounds if isinstance(r, dict) and r.get("speedup_x")]
+    return [r for r in rounds if isinstance(r, dict) and _finite(r.get("speedup_x")) and r["speedup_x"] > 0]
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def speedup(record: dict | None) -> dict | None:
@@ -598,8 +603,10 @@ def between_runs_table(data: dict, refs: dict) -> str:
     """Per workload, this run's verify rounds beside the reference runs' of the same impl/ tree: each run's
     median speedup, the references' pooled round band (the noise between processes and sittings, which one
     run's rounds cannot show), whether ours lies in it, and how far stock's and cadence's round p50s moved
-    over all these runs (max / min). References of another impl/ tree are counted out and named; of a
-    reference whose rounds 2+ ran after the profiler (`profiled_before_rounds`), only round 1 counts.
+    over all these runs (max / min). References of another or an unknown impl/ tree (no provenance) are
+    counted out and named; of a run (ours or a reference) whose rounds 2+ ran after the profiler
+    (`profiled_before_rounds`), only round 1 counts. Rounds without a finite speedup are left out
+    (`timing_rounds`), as are non-finite or non-positive tail p50s from the "moved" column.
     refs: see `_ref_list`. Returns a sentence when no workload has a reference with timing rounds."""
     rows = []
     for w, e in data["workloads"].items():
@@ -607,7 +614,10 @@ def between_runs_table(data: dict, refs: dict) -> str:
         mine = timing_rounds(ours)
         if not mine:
             continue
-        tree = str((ours.get("provenance") or {}).get("impl_tree"))
+        ours_cut = profiled_before_rounds(ours)      # the same rule for ours as for the references
+        if ours_cut:
+            mine = mine[:1]
+        tree = (ours.get("provenance") or {}).get("impl_tree")
         same, other, cut = [], [], []
         for label, ref in _ref_list(refs).get(w, []):
             rr = timing_rounds(ref)
@@ -615,7 +625,9 @@ def between_runs_table(data: dict, refs: dict) -> str:
                 rr, _ = rr[:1], cut.append(label)
             if not rr:
                 continue
-            (same if str((ref.get("provenance") or {}).get("impl_tree")) == tree else other).append((label, rr))
+            theirs = (ref.get("provenance") or {}).get("impl_tree")
+            # an unknown tree (no provenance) is never "the same", not even as another unknown one
+            (same if tree and theirs and str(theirs) == str(tree) else other).append((label, rr))
         if not same:
             if other:
                 rows.append([w, DASH, DASH, DASH, DASH, DASH,
@@ -625,15 +637,17 @@ def between_runs_table(data: dict, refs: dict) -> str:
         lo, hi = min(pooled), max(pooled)
         x = float(np.median([float(r["speedup_x"]) for r in mine]))
         everything = [mine] + [rr for _, rr in same]
-        stock = [float(r["stock_tail_ms_p50"]) for rr in everything for r in rr]
-        cad = [float(r["cadence_tail_ms_p50"]) for rr in everything for r in rr]
+        stock, cad = ([float(r[k]) for rr in everything for r in rr if _finite(r.get(k)) and r[k] > 0]
+                      for k in ("stock_tail_ms_p50", "cadence_tail_ms_p50"))
         medians = ", ".join(f"{np.median([float(r['speedup_x']) for r in rr]):.2f}x" for _, rr in same)
         note = ("" if not other else "; other impl/ trees counted out: " + ", ".join(l for l, _ in other))
+        cut = (["ours"] if ours_cut else []) + cut
         note += ("" if not cut else "; round 1 only (rounds 2+ timed after the profiler): " + ", ".join(cut))
-        rows.append([w, str(len(same)), medians, f"{x:.2f}x", f"[{lo:.2f}-{hi:.2f}] ({len(pooled)} rounds)",
-                     "yes" if lo <= x <= hi else "NO",
-                     f"stock x{max(stock) / min(stock):.2f} ({min(stock):.1f}-{max(stock):.1f} ms), cadence "
-                     f"x{max(cad) / min(cad):.2f} ({min(cad):.1f}-{max(cad):.1f} ms){note}"])
+        moved = ", ".join(f"{name} x{max(v) / min(v):.2f} ({min(v):.1f}-{max(v):.1f} ms)"
+                          for name, v in (("stock", stock), ("cadence", cad)) if v) or DASH
+        rows.append([w, str(len(same)), medians, f"{x:.2f}x",
+                     f"[{lo:.2f}-{hi:.2f}] ({len(pooled)} round{'s' if len(pooled) != 1 else ''})",
+                     "yes" if lo <= x <= hi else "NO", f"{moved}{note}"])
     if not rows:
         return "No reference run with timing rounds for a workload of this run."
     return _table(rows, ["workload", "reference runs (same impl/ tree)", "their medians (round 1 where cut)", "ours (median)",

@@ -135,58 +135,60 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
     pool = pool if pool is not None else []
     locks: dict[int, threading.Lock] = {}
     drivers, admission, estimate, fresh, streams = [], [], 0, [], []
-    for s in range(n):
-        name = f"{workload.name}/{mode}/{s}"
-        units = session_units(workload, seconds, s % variants)
-        reused = s < len(pool)
-        if reused:
-            entry = pool[s]
-        else:
-            sched.check(name, estimate)    # before building: the bytes of the session built last
-            per_session = sharing == "instance_per_session" and s > 0
-            instance = copy.deepcopy(model) if per_session else model    # same weights and tables
-            session = open_session(adapter, instance, mode, spec)
-            drv = Driver(session, ar, device, name)
-            for k in range(warmup_turns):
-                drv.warm_up(units, WARMUP_TURN_UNITS if k == 0 else 2)
-            entry = PoolEntry(instance, drv, *footprint(session, mode, instance, sharing))
-            if reusable(session):
-                pool.append(entry)
+    try:    # leased streams go back however the admission or the run ends (AdmissionError included)
+        for s in range(n):
+            name = f"{workload.name}/{mode}/{s}"
+            units = session_units(workload, seconds, s % variants)
+            reused = s < len(pool)
+            if reused:
+                entry = pool[s]
             else:
-                fresh.append(entry)
-        estimate = entry.nbytes
-        drv = entry.driver
-        if policy == "threads" and drv.own_rng:
-            raise ValueError(f"policy: 'threads' needs sessions that draw no noise from the process's default "
-                             f"generators; {workload.name} {mode} sessions do (Driver keeps each one's "
-                             f"generator state, which needs one host thread): use 'edf'")
-        drv.turn = None                    # the run's first SPEAK unit opens a turn
-        # Sessions on one model instance serialise their tails on its lock under "threads", unless the
-        # session is safe to run beside them (flow_hift cadence: shared-state steps hold the model's lock
-        # inside the session, replays touch none).
-        shared = policy == "threads" and not getattr(drv.session, "concurrent", False)
-        drv.tail_lock = locks.setdefault(id(entry.instance), threading.Lock()) if shared \
-            else contextlib.nullcontext()
-        # a stream no other live session holds (torch's own pool repeats after 32: graphs.StreamLeases)
-        stream = graphs.STREAMS.acquire(device) if (policy == "threads" and device.type == "cuda") else None
-        if stream is not None:
-            streams.append(stream)
-        sched.admit(scheduler.Slot(name, units, drv.run_unit, Driver.has_work, entry.nbytes, phases[s], stream))
-        drivers.append(drv)
-        admission.append({"session": s, "footprint_bytes": entry.nbytes, "footprint_how": entry.how,
-                          "variant": s % variants, "phase_s": phases[s], "reused": reused,
-                          "tail_lock": shared, "rehearsed": drv.rehearsed})
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    try:
+                sched.check(name, estimate)    # before building: the bytes of the session built last
+                per_session = sharing == "instance_per_session" and s > 0
+                instance = copy.deepcopy(model) if per_session else model    # same weights and tables
+                session = open_session(adapter, instance, mode, spec)
+                drv = Driver(session, ar, device, name)
+                for k in range(warmup_turns):
+                    drv.warm_up(units, WARMUP_TURN_UNITS if k == 0 else 2)
+                entry = PoolEntry(instance, drv, *footprint(session, mode, instance, sharing))
+                if reusable(session):
+                    pool.append(entry)
+                else:
+                    fresh.append(entry)
+            estimate = entry.nbytes
+            drv = entry.driver
+            if policy == "threads" and drv.own_rng:
+                raise ValueError(f"policy: 'threads' needs sessions that draw no noise from the process's default "
+                                 f"generators; {workload.name} {mode} sessions do (Driver keeps each one's "
+                                 f"generator state, which needs one host thread): use 'edf'")
+            drv.turn = None                    # the run's first SPEAK unit opens a turn
+            # Sessions on one model instance serialise their tails on its lock under "threads", unless the
+            # session is safe to run beside them (flow_hift cadence: shared-state steps hold the model's lock
+            # inside the session, replays touch none).
+            shared = policy == "threads" and not getattr(drv.session, "concurrent", False)
+            drv.tail_lock = locks.setdefault(id(entry.instance), threading.Lock()) if shared \
+                else contextlib.nullcontext()
+            # a stream no other live session holds (torch's own pool repeats after 32: graphs.StreamLeases)
+            stream = graphs.STREAMS.acquire(device) if (policy == "threads" and device.type == "cuda") else None
+            if stream is not None:
+                streams.append(stream)
+            sched.admit(scheduler.Slot(name, units, drv.run_unit, Driver.has_work, entry.nbytes, phases[s], stream))
+            drivers.append(drv)
+            admission.append({"session": s, "footprint_bytes": entry.nbytes, "footprint_how": entry.how,
+                              "variant": s % variants, "phase_s": phases[s], "reused": reused,
+                              "tail_lock": shared, "rehearsed": drv.rehearsed})
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
         timings = sched.run()
         wall_s = time.perf_counter() - t0
     finally:
         if streams:
-            torch.cuda.synchronize(device)
-            for st in streams:
-                graphs.STREAMS.release(st)
+            try:
+                torch.cuda.synchronize(device)     # nothing queued on a stream handed back
+            finally:
+                for st in streams:
+                    graphs.STREAMS.release(st)
     units = []
     for t in timings:
         rec = {"session": t.session, "index": t.index, "kind": t.kind,

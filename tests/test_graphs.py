@@ -77,3 +77,30 @@ def test_cuda_torch_stream_pool_wraps_around_which_is_why_leases_exist():
     """The premise of StreamLeases: torch.cuda.Stream() repeats addresses within 33 calls (c10 stream pool)."""
     ptrs = [torch.cuda.Stream().cuda_stream for _ in range(33)]
     assert len(set(ptrs)) < 33
+
+
+def test_a_finalizer_run_by_a_collection_inside_acquire_does_not_deadlock():
+    """A GraphCache-like holder in a reference cycle is freed by the cyclic collector, which may run inside
+    acquire() (any allocation under the lock): its finalizer must not take the lock again."""
+    import threading
+    import weakref
+
+    create, _ = _fresh_creator()
+    leases = StreamLeases(lambda index: (gc.collect(), create(index))[1])   # a collection under the lock
+
+    class Holder:
+        def __init__(self):
+            self.stream = leases.acquire("cuda:0")
+            weakref.finalize(self, leases.release_later, self.stream)
+            self.me = self                                   # a cycle: only the collector frees it
+
+    h = Holder()
+    first = h.stream.cuda_stream
+    del h
+    got = []
+    t = threading.Thread(target=lambda: got.append(leases.acquire("cuda:0")), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "acquire() deadlocked on a finalizer's release"
+    assert leases.leased() == 1 and got[0].cuda_stream != first     # the collected one is free again
+    assert leases.acquire("cuda:0").cuda_stream == first

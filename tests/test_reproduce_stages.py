@@ -793,6 +793,23 @@ def test_between_runs_pools_the_references_rounds_of_the_same_impl_tree():
     assert "no reference of this impl/ tree (other trees: run-b)" in claims.between_runs_table(data, only_other)
 
 
+def test_between_runs_cuts_ours_as_the_references_and_never_pools_unknown_trees_or_nan():
+    # ours ran its rounds 2+ after the profiler: round 1 only, as for a reference
+    ours = _rounds_record([2.5, 5.0, 5.0], profiled=True)
+    cells = _w_row(claims.between_runs_table({"workloads": {"w": {"verify": {"record": ours}}}},
+                                             {"w": [("run-a", _rounds_record([2.4, 2.5, 2.6]))]}))
+    assert cells[3:6] == ["2.50x", "[2.40-2.60] (3 rounds)", "yes"] and "profiler): ours" in cells[6]
+    # neither record says its impl/ tree: not "the same tree"
+    data = {"workloads": {"w": {"verify": {"record": {**_rounds_record([2.5]), "provenance": {}}}}}}
+    refs = {"w": [("run-a", {**_rounds_record([2.0, 3.0]), "provenance": {}})]}
+    assert "no reference of this impl/ tree" in claims.between_runs_table(data, refs)
+    # a NaN round is left out wherever it stands (min/max over NaN depend on its position)
+    data = {"workloads": {"w": {"verify": {"record": _rounds_record([2.5, 2.6, 2.7])}}}}
+    for xs in ([float("nan"), 2.0, 3.0], [2.0, float("nan"), 3.0]):
+        cells = _w_row(claims.between_runs_table(data, {"w": [("run-a", _rounds_record(xs))]}))
+        assert cells[4:6] == ["[2.00-3.00] (2 rounds)", "yes"]
+
+
 def test_compare_keeps_a_row_per_reference_run(fake_registry, clean_tree, tmp_path):  # noqa: F811
     """Several --compare folders: one row each (a later folder used to replace an earlier one's record)."""
     run_dir = tmp_path / "run"

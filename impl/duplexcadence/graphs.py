@@ -30,6 +30,7 @@ moshi's CUDAGraphed (utils/compile.py L190-280), without padding and with many k
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import weakref
@@ -51,26 +52,34 @@ class StreamLeases:
     again. A captured cuBLAS call keeps the workspace of (cuBLAS handle, capture stream)
     (aten/src/ATen/cuda/CublasHandlePool.cpp), and every session's graphs are captured from the same
     host thread (one handle): two live sessions with the same pool stream share one workspace, and their
-    graphs replayed at once on different streams corrupt each other. Seen on the H200 as "Causal vocoder
-    returned non-finite audio" in the 26-session run of MiniCPM-o after 1 and 24 sessions had taken 49
-    pool streams (results/2026-11-30-h200-reproduce-5/minicpmo45.duplex_cadence, the failed sitting).
+    graphs replayed at once on different streams race on it. That race is the likely cause of "Causal vocoder
+    returned non-finite audio" in the 26-session run of MiniCPM-o on the H200, in a process whose 1- and
+    24-session runs had taken 49 pool streams (results/2026-11-30-h200-reproduce-5/minicpmo45.duplex_cadence);
+    sessions already shared capture streams in its 24-session run, which ran clean, so the corruption
+    depends on timing; with leases the same sequence ran clean once (results/2026-11-30-h200-reproduce-7).
 
     Without cuda-python, `acquire` falls back to torch's pool and raises RuntimeError when the stream it
-    gets is already leased (instead of sharing it). Thread-safe."""
+    gets is already leased (instead of sharing it). Thread-safe. Garbage-collector callbacks
+    (weakref.finalize) must give streams back with `release_later`, which takes no lock: a collection can
+    run inside `acquire` or `release` while this thread holds the (non-reentrant) lock."""
 
     def __init__(self, create=None):
         self._create = create or _new_driver_stream
         self._lock = threading.Lock()
         self._free: dict[int, list] = {}
         self._leased: dict[int, int] = {}      # cuda_stream address -> device index, while leased
+        self._returned = collections.deque()   # streams given back by finalizers, not yet processed
 
     def acquire(self, device) -> "torch.cuda.Stream":
-        """A stream on `device` (torch.device or str, CUDA) that no other live lease holds."""
+        """A stream on `device` (torch.device or str, CUDA) that no other live lease holds. Raises
+        ValueError for a device that is not CUDA, RuntimeError where the fallback (no cuda-python) gets
+        torch's pool stream back while it is still leased, or where the driver refuses a new stream."""
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: expected a CUDA device, got {device}")
         index = device.index if device.index is not None else torch.cuda.current_device()
         with self._lock:
+            self._drain()
             free = self._free.setdefault(index, [])
             stream = free.pop() if free else self._create(index)
             if stream.cuda_stream in self._leased:
@@ -85,15 +94,30 @@ class StreamLeases:
         still replaying): the next holder may capture or run on it at once. Raises ValueError for a stream
         that is not leased."""
         with self._lock:
-            index = self._leased.pop(stream.cuda_stream, None)
-            if index is None:
-                raise ValueError(f"stream {stream.cuda_stream:#x} is not leased")
-            self._free.setdefault(index, []).append(stream)
+            self._drain()
+            self._give_back(stream)
+
+    def release_later(self, stream) -> None:
+        """`release` for garbage-collector callbacks: queues the stream (no lock taken, so safe while this
+        thread is inside `acquire`/`release`); the next `acquire`, `release` or `leased` gives it back."""
+        self._returned.append(stream)
 
     def leased(self) -> int:
         """How many streams are leased now."""
         with self._lock:
+            self._drain()
             return len(self._leased)
+
+    def _give_back(self, stream) -> None:
+        index = self._leased.pop(stream.cuda_stream, None)
+        if index is None:
+            raise ValueError(f"stream {stream.cuda_stream:#x} is not leased")
+        self._free.setdefault(index, []).append(stream)
+
+    def _drain(self) -> None:
+        """Give back the streams queued by `release_later` (call with the lock held)."""
+        while self._returned:
+            self._give_back(self._returned.popleft())
 
 
 def _new_driver_stream(index: int) -> "torch.cuda.Stream":
@@ -191,7 +215,7 @@ class GraphCache:
         # other when replayed at the same time on different streams (StreamLeases).
         self.capture_stream = STREAMS.acquire(self.device) if self.enabled else None
         if self.capture_stream is not None:     # back to the leases when the cache (and its graphs) go
-            weakref.finalize(self, STREAMS.release, self.capture_stream)
+            weakref.finalize(self, STREAMS.release_later, self.capture_stream)
         self.pool_bytes = 0
 
     def close(self) -> None:
