@@ -97,10 +97,11 @@ def _check_version(package: str) -> None:
 
 
 def installed_versions() -> dict[str, str]:
-    """Versions of every package that shapes a result: stock packages, torch, numpy."""
+    """Versions of every package that shapes a result: stock packages, torch, numpy, and cuda-python (the
+    VMM arena and graphs.StreamLeases use its driver API; "absent": prealloc arenas and torch's pool streams)."""
     out = {}
     for name in ("torch", "numpy", "minicpmo-utils", "moshi", "transformers", "librosa", "soundfile",
-                 "datasets"):
+                 "datasets", "cuda-python"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
