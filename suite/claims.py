@@ -902,9 +902,16 @@ def write(run_dir: str | Path, compare: list[str] | None = None, results_root: s
     run_dir = Path(run_dir)
     data = load(run_dir)
     refs: dict[str, list] = {}
+    folders, seen = [], set()
     for ref in (compare if compare is not None else data["state"].get("compare", [])):
+        if Path(ref).resolve() not in seen:            # a folder named twice is one reference, not two
+            seen.add(Path(ref).resolve())
+            folders.append(ref)
+    names = [Path(ref).name or str(ref) for ref in folders]
+    unique = len(set(names)) == len(names)             # else label each by the path as given
+    for ref, name in zip(folders, names):
         for w, rec in load_reference(ref).items():
-            refs.setdefault(w, []).append((Path(ref).name or str(ref), rec))
+            refs.setdefault(w, []).append((name if unique else str(ref), rec))
     root = Path(results_root) if results_root is not None else run_dir.parent
     render(data, refs, [], root)       # a malformed record fails here, before any plot is rewritten
     written = plots(data, run_dir)

@@ -120,7 +120,10 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
                  probe: MemoryProbe | None = None, progress: bool = True, pool: list | None = None,
                  warmup_turns: int = 1) -> dict:
     """N sessions of one mode on the cadence. Returns the run record (units, metrics, admission,
-    memory, hashes per session). Raises AdmissionError (the record is not made) if a session does not fit.
+    memory, hashes per session). Raises AdmissionError (the record is not made) if a session does not fit,
+    and ValueError for policy "threads" with sessions that draw from the process's default generators
+    (Driver.own_rng: Step-Audio 2), after releasing the sessions built for this run (known only once one is
+    open). Streams leased for the run are given back either way.
 
     pool: a list kept by the caller across runs of one mode; reusable sessions built and warmed up for an
     earlier run are taken from it (the first n), new ones are added to it. Non-reusable sessions (Moshi)
@@ -158,6 +161,8 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
             estimate = entry.nbytes
             drv = entry.driver
             if policy == "threads" and drv.own_rng:
+                for e in fresh:                # built for this run only: give their device memory back
+                    release(e.driver.session)
                 raise ValueError(f"policy: 'threads' needs sessions that draw no noise from the process's default "
                                  f"generators; {workload.name} {mode} sessions do (Driver keeps each one's "
                                  f"generator state, which needs one host thread): use 'edf'")

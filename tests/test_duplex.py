@@ -462,8 +462,11 @@ def test_sessions_drawing_the_default_generator_each_give_their_bytes_alone(tmp_
     assert duplex.check_against_reference(shared, refs, 2) != []
 
 
-def test_threads_policy_is_refused_for_sessions_drawing_the_default_generator(tmp_path, sa2_model):
+def test_threads_policy_is_refused_for_sessions_drawing_the_default_generator(tmp_path, sa2_model, monkeypatch):
     adapter, model, spec = sa2_model
+    released = []
+    monkeypatch.setattr(duplex, "release", lambda session: released.append(session))
     with pytest.raises(ValueError, match="policy: 'threads' needs sessions that draw no noise"):
         duplex.run_sessions(_tiny_stepaudio2(tmp_path), "stock", 1, model=model, adapter=adapter, spec=spec,
                             ar=ar_stage.NoAR(), device="cpu", seconds=3, policy="threads", progress=False)
+    assert len(released) == 1 and getattr(released[0], "draws_default_generator", False)   # the session built

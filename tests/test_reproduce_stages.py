@@ -824,6 +824,15 @@ def test_compare_keeps_a_row_per_reference_run(fake_registry, clean_tree, tmp_pa
     rows = [line for line in _section(text, "Against the reference run").splitlines() if line.startswith("| fake")]
     assert [r.split("|")[2].strip() for r in rows] == ["ref-a", "ref-b"]
     assert "## Between runs" in text
+    # a folder named twice counts once; two folders of one name are labelled by their paths
+    text = claims.write(run_dir, [str(tmp_path / "ref-a"), str(tmp_path / "ref-a")]).read_text()
+    rows = [line for line in _section(text, "Against the reference run").splitlines() if line.startswith("| fake")]
+    assert len(rows) == 1
+    (tmp_path / "x" / "ref-a").mkdir(parents=True)
+    (tmp_path / "x" / "ref-a" / "run.json").write_text(json.dumps(rec))
+    text = claims.write(run_dir, [str(tmp_path / "ref-a"), str(tmp_path / "x" / "ref-a")]).read_text()
+    rows = [line for line in _section(text, "Against the reference run").splitlines() if line.startswith("| fake")]
+    assert [r.split("|")[2].strip() for r in rows] == [str(tmp_path / "ref-a"), str(tmp_path / "x" / "ref-a")]
 
 
 def test_host_state_table_correlates_each_sample_with_the_tail():
