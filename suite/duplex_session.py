@@ -214,7 +214,7 @@ def _turn_based(session) -> bool:
     """True for sessions whose start_turn restores a base state (flow_hift, code2wav): their warm-up turn
     leaves no trace. Moshi streams continuously; Step-Audio 2's turns continue on the same caches
     (upstream never resets them), so a warm-up turn would change what follows."""
-    return not type(session).__module__.endswith(("mimi", "mimi_cadence", "stepaudio2", "stepaudio2_cadence"))
+    return not (type(session).__module__.endswith(("mimi", "mimi_cadence")) or _caches_carry_over(session))
 
 
 def _caches_carry_over(session) -> bool:

@@ -239,21 +239,26 @@ def test_bisection_finds_the_exact_largest_zero_miss_count():
 
 
 # --- the real Mimi adapter (reduced) on a tiny script -------------------------------------------------------
+def _with_script(tmp_path, workload: str, rows: list[dict]):
+    """The named workload with its session script replaced by `rows` (written as JSONL under tmp_path)."""
+    import workloads
+    path = tmp_path / f"tiny_{workload}.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return dataclasses.replace(workloads.get(workload), script=path)
+
+
 def _tiny_moshi(tmp_path, frames=1):
     """The moshi workload on a 3-unit script (SPEAK, SPEAK final, LISTEN) of `frames` frames per unit
     (reduced Mimi takes about a second per frame on a busy 2-core CPU)."""
     import random
 
-    import workloads
     rng = random.Random(5)
     rows = []
     for i, (kind, turn, final) in enumerate((("SPEAK", 0, False), ("SPEAK", 0, True), ("LISTEN", None, False))):
         codes = [[rng.randrange(2048) for _ in range(frames)] for _ in range(8)]
         rows.append({"unit": i, "t_start_s": float(i), "kind": kind, "turn": turn, "final": final,
                      "codes": codes})
-    path = tmp_path / "tiny_mimi.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return dataclasses.replace(workloads.get("moshi"), script=path)
+    return _with_script(tmp_path, "moshi", rows)
 
 
 @pytest.fixture(scope="module")
@@ -421,13 +426,10 @@ def _tiny_stepaudio2(tmp_path):
     """The stepaudio2_mini workload on a 3-unit script (SPEAK 16 tokens, SPEAK 16, SPEAK final empty)."""
     import random
 
-    import workloads
     rng = random.Random(7)
     rows = [{"unit": i, "t_start_s": float(i), "kind": "SPEAK", "turn": 0, "final": i == 2,
              "tokens": [] if i == 2 else [rng.randrange(6561) for _ in range(16)]} for i in range(3)]
-    path = tmp_path / "tiny_flow_hift.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return dataclasses.replace(workloads.get("stepaudio2_mini"), script=path)
+    return _with_script(tmp_path, "stepaudio2_mini", rows)
 
 
 @pytest.fixture(scope="module")
