@@ -26,9 +26,11 @@ H200 (10 steps, 60 s): stock MiniCPM-o 2 sessions with zero misses under edf, 1 
 tried there), DuplexCadence 24 under threads (results/2026-11-30-h200-duplex-60s*).
 
 Warm-up before the cadence: MiniCPM-o DuplexCadence sessions rehearse every turn shape of their script
-(`Driver.warm_up` -> `CadenceSession.rehearse`: all graphs captured, then frozen); other turn-based
-sessions run one warm-up turn; sessions that cannot warm themselves (Moshi, Step-Audio 2: a unit would
-advance their stream) get a throwaway session's first units per mode instead (`warm_process`).
+(`Driver.warm_up` -> `CadenceSession.rehearse`: all graphs captured, then frozen); Step-Audio 2
+DuplexCadence sessions rehearse their script's turns in order and restore a snapshot (its caches carry over
+turns); other turn-based sessions run one warm-up turn; for sessions that cannot warm themselves (Moshi,
+Step-Audio 2: a unit would advance their stream) a throwaway session's first units per mode warm the
+process (`warm_process`).
 
 Sessions: DuplexCadence sessions share one model instance (weights and construction-time tables) and own
 an arena and a graph set each. Stock sessions run as a stock deployment would (`STOCK_SHARING`):

@@ -86,7 +86,7 @@ class Driver:
         self.name = name
         self.turn = None
         self.tail_lock = tail_lock or contextlib.nullcontext()   # sessions sharing one model instance
-        self.rehearsed = None      # what session.rehearse() did in warm_up (flow_hift cadence)
+        self.rehearsed = None      # what session.rehearse() did in warm_up (flow_hift / Step-Audio 2 cadence)
         self.own_rng = bool(getattr(session, "draws_default_generator", False))
         self.rng = rng_state(self.device) if self.own_rng else None
 
@@ -142,8 +142,10 @@ class Driver:
         one (Moshi cadence: capture + restore), else, for turn-based decoders (flow_hift, code2wav), one
         warm-up turn over the first `body` SPEAK payloads plus a final unit (first / ramp / steady / final
         shapes; graphs capture on a signature's second occurrence, so a second, shorter turn follows on
-        CUDA; the next start_turn restores the voice's base state).
-        Stock Moshi (no turns, no prepare) is not warmed: a unit would advance its stream."""
+        CUDA; the next start_turn restores the voice's base state). Step-Audio 2 DuplexCadence: `rehearse`
+        over the script's turns in order, then its snapshot restored (its caches carry over turns).
+        Stock Moshi (no turns, no prepare) and stock Step-Audio 2 are not warmed: a unit would advance
+        their state (the process is, by warm_process)."""
         self.ar.run(seed=-1)
         with self._own_generators():
             self._warm_up(units, body)
@@ -151,10 +153,18 @@ class Driver:
     def _warm_up(self, units: list[DuplexUnit], body: int) -> None:
         if self.rehearsed is not None:     # already rehearsed: every signature of the script is captured
             return
+        if _caches_carry_over(self.session):
+            # Step-Audio 2: its caches carry over turns, so no warm-up unit of its own; the cadence session
+            # rehearses the script's turns in order and restores its snapshot (state, clocks, generators),
+            # so its graphs are captured before the cadence starts. Stock has nothing to capture
+            # (warm_process warms its process).
+            if callable(getattr(self.session, "rehearse", None)) and script_turns(units):
+                self.rehearsed = self.session.rehearse(script_turns(units), freeze=self.device.type == "cuda")
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+            return
         if not hasattr(self.session, "start_turn") or not _turn_based(self.session):
-            # Moshi cadence: capture + restore. Step-Audio 2's prepare() refuses (its caches carry over
-            # turns, so any warm-up unit would change what follows): warm_process warms its process.
-            if callable(getattr(self.session, "prepare", None)) and not _caches_carry_over(self.session):
+            if callable(getattr(self.session, "prepare", None)):     # Moshi cadence: capture + restore
                 self.session.prepare()
             return
         speak = [u for u in units if u.kind == "SPEAK"]

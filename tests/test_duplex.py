@@ -457,6 +457,9 @@ def test_sessions_drawing_the_default_generator_each_give_their_bytes_alone(tmp_
     run = duplex.run_sessions(wl, mode, 2, model=model, adapter=adapter, spec=spec, ar=ar_stage.NoAR(),
                               device="cpu", seconds=3, variants=2, clock=FakeClock(), progress=False)
     assert all(a["footprint_bytes"] >= 0 for a in run["admission"])
+    # DuplexCadence sessions rehearsed their script's turns before the cadence (and restored their state)
+    assert [bool(a["rehearsed"] and a["rehearsed"]["turns"] == [[16, 16, 0]]) for a in run["admission"]] == \
+        [mode == "cadence"] * 2
     assert duplex.check_against_reference(run, refs, 2) == []
     monkeypatch.setattr(duplex_session.Driver, "_own_generators", lambda self: contextlib.nullcontext())
     shared = duplex.run_sessions(wl, mode, 2, model=model, adapter=adapter, spec=spec, ar=ar_stage.NoAR(),

@@ -328,3 +328,69 @@ def test_cadence_only_process_frees_the_stock_buffers_and_stays_bit_exact(runs):
     outs = run(fh.new_session(released, "cadence"))
     for unit, (a, b) in enumerate(zip(runs["stock_out"], outs)):
         compare_units("stepaudio2-reduced-released-buffers", unit, a, b)
+
+
+def test_rehearse_hits_the_live_signatures_and_leaves_no_trace(runs, model, monkeypatch):
+    """`rehearse(turns)` runs the script's turn shapes in order from the session's state and puts its
+    snapshot back: the signatures it reaches are exactly those the live turns reach (so on CUDA every graph
+    is captured before the cadence), and afterwards every unit's bytes and the generator state after every
+    unit equal stock's. Negative control: the same synthetic turns without the restore change the bytes."""
+    cad = sa.new_session(model, "cadence", {"cadence": {"graphs": "dit+hift"}})
+    sigs, run_graph = [], cad.graphs.run
+    monkeypatch.setattr(cad.graphs, "run", lambda sig, step: (sigs.append(sig), run_graph(sig, step))[1])
+    before = _snapshot(cad)
+    ptrs = {n: r.data_ptr() for n, r in cad.arena.regions.items()}
+    done = cad.rehearse(TURNS)
+    _same(before, _snapshot(cad))
+    assert {n: r.data_ptr() for n, r in cad.arena.regions.items()} == ptrs
+    assert done["turns"] == TURNS and done["frozen"] is False and done["eager_runs"] == len(sigs) > 0
+    rehearsed, sigs[:] = list(sigs), []
+    rng = []
+    outs = run(cad, observe=lambda s, unit: rng.append(torch.get_rng_state()))
+    assert sigs == rehearsed
+    for unit, (a, b) in enumerate(zip(runs["stock_out"], outs)):
+        compare_units("stepaudio2-reduced-rehearsed", unit, a, b)
+        assert torch.equal(runs["stock_rng"][unit], rng[unit]), f"unit {unit}: generator state differs"
+    cad.close()
+    # negative control: the same turns spoken for real (no snapshot restored) leave their trace
+    dirty = sa.new_session(model, "cadence", {"cadence": {"graphs": "dit+hift"}})
+    gen = torch.Generator().manual_seed(1)
+    for counts in TURNS:
+        dirty.start_turn()
+        for k, n in enumerate(counts):
+            dirty.speak(torch.randint(0, fh.VOCAB_SIZE, (n,), generator=gen).tolist(), final=k == len(counts) - 1)
+    with pytest.raises(BitMismatch):
+        for unit, (a, b) in enumerate(zip(runs["stock_out"], run(dirty))):
+            compare_units("stepaudio2-reduced-not-restored", unit, a, b)
+
+
+def test_rehearse_bad_input_and_clock_error_leave_state_unchanged(model, monkeypatch):
+    cad = sa.new_session(model, "cadence")
+    before = _snapshot(cad)
+    for bad, kw, what in (([], {}, "turns"), ([[]], {}, "turns"), ([[3, -1]], {}, "turns"), ("ab", {}, "turns"),
+                          ([[3, True]], {}, "turns"), (TURNS, {"passes": 0}, "passes"),
+                          (TURNS, {"freeze": "no"}, "freeze")):
+        with pytest.raises(ValueError, match=what):
+            cad.rehearse(bad, **kw)
+        _same(before, _snapshot(cad))
+    cad.start_turn()
+    cad.speak(tokens_for(0, 20))
+    before = _snapshot(cad)
+    with pytest.raises(InputError, match="turn is open"):
+        cad.rehearse(TURNS)
+    _same(before, _snapshot(cad))
+    cad.speak(tokens_for(1, 5), final=True)
+    cad.close()
+    with pytest.raises(InputError, match="closed"):
+        cad.rehearse(TURNS)
+    # a rehearsed turn past the position table (cut to 180): ClockError, with the snapshot put back first
+    pos = model.t2w.flow.encoder.embed.pos_enc
+    pe, c = pos.pe, pos.pe.size(1) // 2
+    monkeypatch.setattr(pos, "pe", pe[:, c - 179: c + 180])
+    cad = sa.new_session(model, "cadence")
+    cad.start_turn()
+    cad.speak(tokens_for(0, 25), final=True)
+    before = _snapshot(cad)
+    with pytest.raises(ClockError, match="conformer_att"):
+        cad.rehearse([[25, 25, 25, 25, 0]])
+    _same(before, _snapshot(cad))

@@ -96,7 +96,7 @@ from torch.overrides import TorchFunctionMode
 from duplexcadence.adapters import flow_hift as fh
 from duplexcadence.adapters import stepaudio2 as sa
 from duplexcadence.adapters.flow_hift_cadence import CadenceSession as _FlowCadence
-from duplexcadence.adapters.flow_hift_cadence import _DeviceTimestepTable, flow_layout
+from duplexcadence.adapters.flow_hift_cadence import PREPARE_SEED, _DeviceTimestepTable, flow_layout
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import ClockError
 from duplexcadence.graphs import GraphCache
@@ -299,15 +299,99 @@ class CadenceSession(_FlowCadence):
     def prepare(self, turns: int = 0, units: int = 0) -> dict:
         """Not available here: the MiniCPM-o session's synthetic turns are undone by its start_turn, but
         Step-Audio 2's caches carry over between turns (nothing restores them), so synthetic turns would
-        change every later unit (and the inherited prepare() cleared the host clocks). Raises InputError,
-        the session unchanged."""
+        change every later unit (and the inherited prepare() cleared the host clocks); `rehearse` runs the
+        real turn shapes and restores a snapshot instead. Raises InputError, the session unchanged."""
         raise InputError("prepare: Step-Audio 2 sessions have no synthetic warm-up turns (their caches carry "
                          "over between turns, so a synthetic turn would change every later unit)")
 
     def rehearse(self, turns, *, freeze: bool = False, passes: int = 2) -> dict:
-        """Not available, for the reason prepare() gives. Raises InputError, the session unchanged."""
-        raise InputError("rehearse: Step-Audio 2 sessions have no synthetic turns (their caches carry over "
-                         "between turns, so a synthetic turn would change every later unit)")
+        """Capture the graphs the given turns will need, before the live cadence, and leave the session
+        exactly as it was (state, clocks and the default generators).
+
+        turns: the turns the session will speak next, in order, each a sequence of token counts per SPEAK
+        unit, the last one final (e.g. the session script's turns, `suite.duplex_session.script_turns`).
+        Unlike MiniCPM-o's rehearsal they run in order from the current state: the DiT signature holds the
+        estimator cache length, which depends on every earlier call, since Step-Audio 2's caches carry
+        over turns (upstream never resets them). Before the first pass the session's regions (state_tensors,
+        cloned: at most the arena's mapped bytes again, freed on return), host clocks, open-turn buffer and
+        the CPU and device default generators are saved; after every pass they are put back in place (the
+        same addresses: captured graphs stay valid), so nothing of the rehearsal reaches a real unit. A pass
+        that still ran first-occurrence (warm-up) calls is followed by another, up to `passes`. The arena
+        keeps the pages the rehearsal mapped (the demand the same turns reach live). freeze: then close
+        the graph set (a later new signature runs eagerly, counted as an eager fallback). Token ids come
+        from a fixed seeded sequence (shapes depend on counts only).
+        Returns the graph counters' change, the turns run and whether the set is frozen. Raises ValueError
+        for bad turns, passes or freeze and InputError while a turn is open or after close(), before
+        anything runs; ClockError when a turn passes the position table (the session restored first)."""
+        shapes = [tuple(t) for t in turns] if not isinstance(turns, (str, bytes)) else None
+        if not shapes or any(not t or any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0
+                                          for n in t) for t in shapes):
+            raise ValueError(f"turns: expected a non-empty sequence of non-empty token-count sequences "
+                             f"(ints >= 0), got {turns!r}")
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"passes: expected an int >= 1, got {passes!r}")
+        if not isinstance(freeze, (bool, np.bool_)):
+            raise ValueError(f"freeze: expected a bool, got {freeze!r} ({type(freeze).__name__})")
+        if self.closed:
+            raise InputError("rehearse: the session is closed")
+        if self.buffer is not None:
+            raise InputError("rehearse: a turn is open (rehearse before start_turn or after a final unit)")
+        saved = self._snapshot()
+        gen = torch.Generator().manual_seed(PREPARE_SEED)
+        total = None
+        try:
+            for _ in range(passes):
+                before = self.graphs.stats.snapshot()
+                try:
+                    for counts in shapes:
+                        self.start_turn()
+                        for k, n in enumerate(counts):
+                            self.speak(torch.randint(0, fh.VOCAB_SIZE, (int(n),), generator=gen).tolist(),
+                                       final=k == len(counts) - 1)
+                finally:
+                    self._restore(saved)
+                after = self.graphs.stats.snapshot()
+                delta = {k: after[k] - before[k] for k in ("captures", "replays", "eager_runs", "warmup_runs",
+                                                           "eager_fallbacks", "capture_failures")}
+                total = delta if total is None else {k: total[k] + delta[k] for k in delta}
+                if not delta["warmup_runs"]:
+                    break
+        finally:
+            del saved
+        if freeze:
+            self.graphs.close()
+        total["turns"] = [list(t) for t in shapes]
+        total["frozen"] = self.graphs.closed
+        return total
+
+    def _snapshot(self) -> dict:
+        """Everything a unit reads and changes: region contents (clones), host clocks, the turn buffer,
+        counters and the default generators (CPU and this device's)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        with torch.inference_mode():
+            regions = {k: v.clone() for k, v in self.state_tensors().items()}
+        return {"regions": regions, "len_conf": self.len_conf, "len_est": self.len_est,
+                "hift_len": dict(self.hift_len), "buffer": None if self.buffer is None else list(self.buffer),
+                "turn": self.turn, "calls_made": self.calls_made, "rng_cpu": torch.get_rng_state(),
+                "rng_dev": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
+
+    def _restore(self, saved: dict) -> None:
+        """Put a `_snapshot` back, in place (the regions keep their addresses)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.len_conf, self.len_est = saved["len_conf"], saved["len_est"]
+        self.hift_len = dict(saved["hift_len"])
+        self.buffer = None if saved["buffer"] is None else list(saved["buffer"])
+        self.turn, self.calls_made = saved["turn"], saved["calls_made"]
+        with torch.inference_mode():
+            for k, v in self.state_tensors().items():
+                v.copy_(saved["regions"][k])
+        torch.set_rng_state(saved["rng_cpu"])
+        if saved["rng_dev"] is not None:
+            torch.cuda.set_rng_state(saved["rng_dev"], self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @property
     def concurrent(self) -> bool:
