@@ -103,28 +103,32 @@ VERIFY_ROUNDS = {"cuda": 3, "cpu": 1}
 ESTIMATE_MARGIN = 1.5                   # a stage is expected to take up to 1.5x its family's slowest done stage
 #: The duplex stages: tail only (AR none), 60 s per session count (issue 7), stop after a count's first miss.
 DUPLEX_SECONDS = 60
-#: suite.duplex arguments per mode and workload ("default": any other workload). Each list is sized to fit
-#: the 560 s budget, from the H200 timings of results/2026-11-30-h200-duplex-60s*/ (gpu*.log, duplex.json):
-#: a process builds the model (~20 s), then per count N runs 60 s; MiniCPM-o DuplexCadence sessions are
-#: pooled across the counts of one process and each needs ~9 s of warm-up (graph rehearsal) when first
-#: built, so counts 1,24,32 build 32 sessions: ~290 s + 3 x 60 s + 20 s ~ 490 s (1,16,24,32 would be
-#: ~550 s, too close: 60s-b's ran out of its limit at 32); stock MiniCPM-o sessions build in ~1-2 s each
-#: (a model copy each: 1,2,3,4 is 10 sessions + 4 x 60 s); Moshi DuplexCadence sessions are built per run
-#: at ~1 s each (1,16,32,48: 97 s + 4 x 60 s). Policies: the one that served each mode best on the H200
-#: (MiniCPM-o DuplexCadence on threads, stock on one thread, edf; suite.duplex's default edf elsewhere).
-#: The resulting `max_zero_miss_sessions` is a LOWER BOUND (the largest count tried with zero misses), not
-#: the exact limit: the counts skip values (MiniCPM-o cadence jumps 1 -> 24 -> 26) and suite.duplex's
-#: --bisect, which finds the exact limit, is not used here (its extra 60 s runs would not fit the 560 s).
+#: suite.duplex arguments per mode and workload ("default": any other workload). Each list is sized to fit the
+#: 560 s budget, from the H200 timings of results/2026-11-30-h200-duplex-60s*/ (gpu*.log, duplex.json): a process
+#: builds the model (~20 s), then per count N runs 60 s; MiniCPM-o DuplexCadence sessions are pooled across the
+#: counts of one process and each needs ~9 s of warm-up (graph rehearsal) when first built (~5 s at 5175f96:
+#: 1,24,26 took 333.6 s in reproduce-8), so counts 1,26,28 build 28 sessions: at most ~250 s + 3 x 60 s + 20 s ~
+#: 450 s (the old 1,16,24,32 ran out of 60s-b's limit at 32); stock MiniCPM-o sessions build in ~1-2 s each (a
+#: model copy each: 1,2,3,4 is 10 sessions + 4 x 60 s); Moshi DuplexCadence sessions are built per run at ~1 s
+#: each (1,16,32,48: 97 s + 4 x 60 s); Step-Audio 2 DuplexCadence sessions (the "default" list, as Qwen3-Omni's)
+#: are built per run and rehearse their script's turns (up to ~10 s each: 1,2,4,8 is ~150 s + 4 x 60 s).
+#: Policies: the one that served each mode best on the H200 (MiniCPM-o DuplexCadence on threads, stock on one
+#: thread, edf; suite.duplex's default edf elsewhere). The resulting `max_zero_miss_sessions` is a LOWER BOUND
+#: (the largest count tried with zero misses), not the exact limit: the counts skip values (MiniCPM-o cadence
+#: jumps 1 -> 26 -> 28) and suite.duplex's --bisect, which finds the exact limit, is not used here (its extra 60
+#: s runs would not fit the 560 s).
 DUPLEX_SESSIONS = {
     "stock": {
         "minicpmo45": ["--sessions", "1,2,3,4", "--policy", "edf"],       # H200: 2 with zero misses, 3 missed
-        "minicpmo45_5step": ["--sessions", "1,2,4,6", "--policy", "edf"],  # >= 4 (largest tried)
+        # H200: 0 misses at 6 (largest tried, results/2026-11-30-h200-reproduce-8): 8 added to find the end
+        "minicpmo45_5step": ["--sessions", "1,2,4,6,8", "--policy", "edf"],
         "moshi": ["--sessions", "1,2,4,8"],
         "default": ["--sessions", "1,2,4"],
     },
     "cadence": {
-        # H200: 24 with zero misses (60s-c), 26 missed 21/1066 and 32 990/1312 (-e): 24 or 25 is the limit
-        "minicpmo45": ["--sessions", "1,24,26", "--policy", "threads"],
+        # H200: 26 missed 21/1066 (-e, impl d4464c0) and 4/1066 (reproduce-7, 5cf9e70), then 0/1066 with the
+        # stream leases' finalizer queue (reproduce-8, 5175f96); 32 missed 990/1312 (-e): 28 tried next
+        "minicpmo45": ["--sessions", "1,26,28", "--policy", "threads"],
         "minicpmo45_5step": ["--sessions", "1,24,32", "--policy", "threads"],
         "moshi": ["--sessions", "1,16,32,48"],                              # >= 32 (largest tried)
         "default": ["--sessions", "1,2,4,8"],
