@@ -153,8 +153,12 @@ def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar,
                 instance = copy.deepcopy(model) if per_session else model    # same weights and tables
                 session = open_session(adapter, instance, mode, spec)
                 drv = Driver(session, ar, device, name)
-                for k in range(warmup_turns):
-                    drv.warm_up(units, WARMUP_TURN_UNITS if k == 0 else 2)
+                try:
+                    for k in range(warmup_turns):
+                        drv.warm_up(units, WARMUP_TURN_UNITS if k == 0 else 2)
+                except BaseException:          # (an OOM is caught above and the search goes on)
+                    release(session)           # not in fresh/pool yet: give its memory back here
+                    raise
                 entry = PoolEntry(instance, drv, *footprint(session, mode, instance, sharing))
                 if reusable(session):
                     pool.append(entry)
@@ -444,12 +448,14 @@ def _solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds, 
     units = session_units(workload, seconds, v)
     session = open_session(adapter, model, mode, spec)
     drv = Driver(session, ar, device, f"solo/{v}")
-    for k in range(warmup_turns):
-        drv.warm_up(units, WARMUP_TURN_UNITS if k == 0 else 2)
-    sched = scheduler.CadenceScheduler(period_s=PERIOD_S)
-    sched.admit(scheduler.Slot(drv.name, units, drv.run_unit, Driver.has_work))
-    timings = sched.run()
-    release(session)
+    try:
+        for k in range(warmup_turns):
+            drv.warm_up(units, WARMUP_TURN_UNITS if k == 0 else 2)
+        sched = scheduler.CadenceScheduler(period_s=PERIOD_S)
+        sched.admit(scheduler.Slot(drv.name, units, drv.run_unit, Driver.has_work))
+        timings = sched.run()
+    finally:
+        release(session)
     return {"units": [{"session": 0, "index": t.index, **(t.output or {})} for t in timings]}
 
 

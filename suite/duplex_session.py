@@ -151,15 +151,16 @@ class Driver:
             self._warm_up(units, body)
 
     def _warm_up(self, units: list[DuplexUnit], body: int) -> None:
-        if self.rehearsed is not None:     # already rehearsed: every signature of the script is captured
+        if self.rehearsed is not None:     # already rehearsed (on CUDA: the script's graphs are captured)
             return
         if _caches_carry_over(self.session):
             # Step-Audio 2: its caches carry over turns, so no warm-up unit of its own; the cadence session
             # rehearses the script's turns in order and restores its snapshot (state, clocks, generators),
             # so its graphs are captured before the cadence starts. Stock has nothing to capture
             # (warm_process warms its process).
-            if callable(getattr(self.session, "rehearse", None)) and script_turns(units):
-                self.rehearsed = self.session.rehearse(script_turns(units), freeze=self.device.type == "cuda")
+            turns = script_turns(units)
+            if callable(getattr(self.session, "rehearse", None)) and turns:
+                self.rehearsed = self.session.rehearse(turns, freeze=self.device.type == "cuda")
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
             return

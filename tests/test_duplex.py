@@ -475,3 +475,24 @@ def test_threads_policy_is_refused_for_sessions_drawing_the_default_generator(tm
         duplex.run_sessions(_tiny_stepaudio2(tmp_path), "stock", 1, model=model, adapter=adapter, spec=spec,
                             ar=ar_stage.NoAR(), device="cpu", seconds=3, policy="threads", progress=False)
     assert len(released) == 1 and getattr(released[0], "draws_default_generator", False)   # the session built
+
+
+def test_a_warm_up_that_raises_releases_the_session_it_built(tmp_path, sa2_model, monkeypatch):
+    """A warm-up (rehearsal) that fails, e.g. out of memory or a ClockError, gives back the session it was
+    warming: run_sessions has not pooled it yet, and `_solo_variant` releases however its run ends."""
+    adapter, model, spec = sa2_model
+    released = []
+    monkeypatch.setattr(duplex, "release", lambda session: released.append(session))
+
+    def boom(self, units, body=duplex_session.WARMUP_TURN_UNITS):
+        raise RuntimeError("warm-up failed")
+
+    monkeypatch.setattr(duplex_session.Driver, "warm_up", boom)
+    wl = _tiny_stepaudio2(tmp_path)
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        duplex.run_sessions(wl, "cadence", 1, model=model, adapter=adapter, spec=spec, ar=ar_stage.NoAR(),
+                            device="cpu", seconds=3, progress=False)
+    assert len(released) == 1
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        duplex._solo_variant(wl, "cadence", 0, model, adapter, spec, ar_stage.NoAR(), "cpu", 3)
+    assert len(released) == 2 and released[0] is not released[1]

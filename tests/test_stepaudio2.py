@@ -368,7 +368,9 @@ def test_rehearse_bad_input_and_clock_error_leave_state_unchanged(model, monkeyp
     cad = sa.new_session(model, "cadence")
     before = _snapshot(cad)
     for bad, kw, what in (([], {}, "turns"), ([[]], {}, "turns"), ([[3, -1]], {}, "turns"), ("ab", {}, "turns"),
-                          ([[3, True]], {}, "turns"), (TURNS, {"passes": 0}, "passes"),
+                          ([[3, True]], {}, "turns"), (None, {}, "turns"), (5, {}, "turns"), ([5], {}, "turns"),
+                          ([[25, 25, 25, 51]], {}, "turns"), ([[1]], {}, "turns"), ([[0, 1]], {}, "turns"),
+                          (TURNS, {"passes": 0}, "passes"),
                           (TURNS, {"freeze": "no"}, "freeze")):
         with pytest.raises(ValueError, match=what):
             cad.rehearse(bad, **kw)
@@ -394,3 +396,24 @@ def test_rehearse_bad_input_and_clock_error_leave_state_unchanged(model, monkeyp
     with pytest.raises(ClockError, match="conformer_att"):
         cad.rehearse([[25, 25, 25, 25, 0]])
     _same(before, _snapshot(cad))
+
+
+def test_one_token_flush_refused_before_any_change(model):
+    """A turn whose final call would stream 1 token: upstream's conformer conv cache comes out 5 frames wide
+    and stock's next call fails its assertion (upsample_encoder_v2.py L425); DuplexCadence refuses the unit
+    with InputError and its state, clocks and generator are as before (it then speaks on, as stock's
+    session cannot)."""
+    stock = sa.new_session(model, "stock")
+    stock.start_turn()
+    stock.speak([7], final=True)
+    stock.start_turn()
+    with pytest.raises(AssertionError):
+        stock.speak(tokens_for(1, 25) + tokens_for(2, 3))
+    cad = sa.new_session(model, "cadence")
+    cad.start_turn()
+    before = _snapshot(cad)
+    with pytest.raises(InputError, match="1 token"):
+        cad.speak([7], final=True)
+    _same(before, _snapshot(cad))
+    out = cad.speak(tokens_for(0, 3), final=True)         # the same open turn, flushed with 3 tokens
+    assert out.info["calls"] == [3] and out.samples > 0

@@ -152,6 +152,19 @@ class _DeviceConstants(TorchFunctionMode):
         return out
 
 
+def _check_calls(calls) -> None:
+    """Refuse a flush call of 1 token (InputError), before any state changes: upstream's pre-lookahead
+    layer then returns a conformer conv cache 5 frames wide where every call expects 6 (the assertion
+    `cnn_cache.shape[2] == 2 + up_layer.stride * 2`, stepaudio2 cosyvoice2/transformer/upsample_encoder_v2.py
+    L425), so stock streams that call and fails on the session's next one; the fixed 6-frame conv-cache
+    region here cannot hold it."""
+    for c in calls:
+        if len(c.tokens) == 1:
+            raise InputError("tokens: the turn would end in a call of 1 token (expected 0 or >= 2 tokens left at "
+                             "the final unit): upstream's conformer conv cache comes out 5 frames wide after it "
+                             "and the next call fails (upsample_encoder_v2.py L425)")
+
+
 class CadenceSession(_FlowCadence):
     """One Step-Audio 2 session on DuplexCadence (same contract as `stepaudio2.StockSession`).
 
@@ -321,13 +334,26 @@ class CadenceSession(_FlowCadence):
         the graph set (a later new signature runs eagerly, counted as an eager fallback). Token ids come
         from a fixed seeded sequence (shapes depend on counts only).
         Returns the graph counters' change, the turns run and whether the set is frozen. Raises ValueError
-        for bad turns, passes or freeze and InputError while a turn is open or after close(), before
-        anything runs; ClockError when a turn passes the position table (the session restored first)."""
-        shapes = [tuple(t) for t in turns] if not isinstance(turns, (str, bytes)) else None
-        if not shapes or any(not t or any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0
-                                          for n in t) for t in shapes):
-            raise ValueError(f"turns: expected a non-empty sequence of non-empty token-count sequences "
-                             f"(ints >= 0), got {turns!r}")
+        for bad turns (not a sequence of sequences of ints in [0, MAX_UNIT_TOKENS], or a turn ending in a
+        1-token call, which `speak` refuses), passes or freeze and InputError while a turn is open or after
+        close(), before anything runs; ClockError when a turn passes the position table (the session
+        restored first; graphs captured before it are kept)."""
+        bad = ValueError(f"turns: expected a non-empty sequence of non-empty token-count sequences (ints in "
+                         f"[0, {sa.MAX_UNIT_TOKENS}] per unit, no turn ending in a 1-token call), got {turns!r}")
+        try:
+            shapes = [tuple(t) for t in turns] if not isinstance(turns, (str, bytes)) else None
+        except TypeError:
+            raise bad from None
+        if not shapes or any(not t or any(
+                isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= sa.MAX_UNIT_TOKENS
+                for n in t) for t in shapes):
+            raise bad
+        for counts in shapes:                 # the calls every turn will make (same plan as speak)
+            buf = []
+            for k, n in enumerate(counts):
+                calls, buf = sa.plan_calls(buf, [0] * int(n), k == len(counts) - 1)
+                if any(len(c.tokens) == 1 for c in calls):
+                    raise bad
         if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
             raise ValueError(f"passes: expected an int >= 1, got {passes!r}")
         if not isinstance(freeze, (bool, np.bool_)):
@@ -410,14 +436,15 @@ class CadenceSession(_FlowCadence):
     def speak(self, tokens, *, final: bool = False) -> UnitOutput:
         """One SPEAK unit, as `stepaudio2.StockSession.speak` (same calls, same bytes).
 
-        Raises InputError (bad tokens, no open turn) or ClockError (a call of this unit would read
-        conformer positions past the position table: region 'conformer_att', bound, value) before any
-        state changes."""
+        Raises InputError (bad tokens, no open turn, a turn that would end in a 1-token call: see
+        `_check_calls`) or ClockError (a call of this unit would read conformer positions past the
+        position table: region 'conformer_att', bound, value) before any state changes."""
         if self.buffer is None:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
         final = fh.check_final(final)
         tokens = sa.check_unit_tokens(tokens)
         calls, rest = sa.plan_calls(self.buffer, tokens, final)
+        _check_calls(calls)
         self._check_bounds(calls)
         waves = [self._call(c.tokens, c.last_chunk) for c in calls]
         self.buffer = None if final else rest
