@@ -370,6 +370,7 @@ def test_rehearse_bad_input_and_clock_error_leave_state_unchanged(model, monkeyp
     for bad, kw, what in (([], {}, "turns"), ([[]], {}, "turns"), ([[3, -1]], {}, "turns"), ("ab", {}, "turns"),
                           ([[3, True]], {}, "turns"), (None, {}, "turns"), (5, {}, "turns"), ([5], {}, "turns"),
                           ([[25, 25, 25, 51]], {}, "turns"), ([[1]], {}, "turns"), ([[0, 1]], {}, "turns"),
+                          ([[2], [25, 3]], {}, "turns"),
                           (TURNS, {"passes": 0}, "passes"),
                           (TURNS, {"freeze": "no"}, "freeze")):
         with pytest.raises(ValueError, match=what):
@@ -417,3 +418,30 @@ def test_one_token_flush_refused_before_any_change(model):
     _same(before, _snapshot(cad))
     out = cad.speak(tokens_for(0, 3), final=True)         # the same open turn, flushed with 3 tokens
     assert out.info["calls"] == [3] and out.samples > 0
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_call_after_a_short_first_flush_refused_before_any_change(model, n):
+    """A session whose first vocoder call flushes 2 or 3 tokens caches 960 n speech samples, fewer than the
+    3840-sample cross-fade: stock gives that unit's audio and then fails inside the fade on its next call;
+    DuplexCadence gives the same bytes for the flush unit and refuses the next call with InputError, its
+    state, clocks and generator as before. With 4 tokens (3840 samples) both speak on."""
+    stock = sa.new_session(model, "stock")          # each session seeds the default generators when it opens
+    stock.start_turn()
+    ref = stock.speak([7] * n, final=True)
+    stock.start_turn()
+    with pytest.raises(RuntimeError, match="size"):
+        stock.speak(tokens_for(1, 25) + tokens_for(2, 3))
+    cad = sa.new_session(model, "cadence")
+    cad.start_turn()
+    compare_units("stepaudio2-short-flush", 0, ref, cad.speak([7] * n, final=True))
+    cad.start_turn()
+    before = _snapshot(cad)
+    with pytest.raises(InputError, match=f"{960 * n} samples"):
+        cad.speak(tokens_for(1, 25) + tokens_for(2, 3))
+    _same(before, _snapshot(cad))
+    ok = sa.new_session(model, "cadence")
+    ok.start_turn()
+    ok.speak([7] * 4, final=True)
+    ok.start_turn()
+    assert ok.speak(tokens_for(1, 25) + tokens_for(2, 3)).info["calls"] == [28]

@@ -334,12 +334,13 @@ class CadenceSession(_FlowCadence):
         the graph set (a later new signature runs eagerly, counted as an eager fallback). Token ids come
         from a fixed seeded sequence (shapes depend on counts only).
         Returns the graph counters' change, the turns run and whether the set is frozen. Raises ValueError
-        for bad turns (not a sequence of sequences of ints in [0, MAX_UNIT_TOKENS], or a turn ending in a
-        1-token call, which `speak` refuses), passes or freeze and InputError while a turn is open or after
+        for bad turns (not a sequence of sequences of ints in [0, MAX_UNIT_TOKENS], or a call `speak` would
+        refuse: a 1-token flush, a call after a first flush of 2-3 tokens), passes or freeze and InputError while a turn is open or after
         close(), before anything runs; ClockError when a turn passes the position table (the session
         restored first; graphs captured before it are kept)."""
         bad = ValueError(f"turns: expected a non-empty sequence of non-empty token-count sequences (ints in "
-                         f"[0, {sa.MAX_UNIT_TOKENS}] per unit, no turn ending in a 1-token call), got {turns!r}")
+                         f"[0, {sa.MAX_UNIT_TOKENS}] per unit, no call `speak` would refuse: a 1-token flush, a "
+                         f"call after a first flush of 2-3 tokens), got {turns!r}")
         try:
             shapes = [tuple(t) for t in turns] if not isinstance(turns, (str, bytes)) else None
         except TypeError:
@@ -348,12 +349,16 @@ class CadenceSession(_FlowCadence):
                 isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= sa.MAX_UNIT_TOKENS
                 for n in t) for t in shapes):
             raise bad
-        for counts in shapes:                 # the calls every turn will make (same plan as speak)
+        speech = self.hift_len["speech"]      # the calls every turn will make (same plan and checks as speak)
+        for counts in shapes:
             buf = []
             for k, n in enumerate(counts):
                 calls, buf = sa.plan_calls(buf, [0] * int(n), k == len(counts) - 1)
-                if any(len(c.tokens) == 1 for c in calls):
-                    raise bad
+                for c in calls:
+                    if len(c.tokens) == 1 or 0 < speech < sa.SOURCE_CACHE_LEN:
+                        raise bad
+                    speech = sa.SOURCE_CACHE_LEN if speech else \
+                        min(sa.SOURCE_CACHE_LEN, sa.mel_advance(len(c.tokens), c.last_chunk) * sa.HOP_SAMPLES)
         if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
             raise ValueError(f"passes: expected an int >= 1, got {passes!r}")
         if not isinstance(freeze, (bool, np.bool_)):
@@ -437,7 +442,7 @@ class CadenceSession(_FlowCadence):
         """One SPEAK unit, as `stepaudio2.StockSession.speak` (same calls, same bytes).
 
         Raises InputError (bad tokens, no open turn, a turn that would end in a 1-token call: see
-        `_check_calls`) or ClockError (a call of this unit would read conformer positions past the
+        `_check_calls`; a call after a first flush of 2-3 tokens: see `_check_fade`) or ClockError (a call of this unit would read conformer positions past the
         position table: region 'conformer_att', bound, value) before any state changes."""
         if self.buffer is None:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
@@ -445,12 +450,26 @@ class CadenceSession(_FlowCadence):
         tokens = sa.check_unit_tokens(tokens)
         calls, rest = sa.plan_calls(self.buffer, tokens, final)
         _check_calls(calls)
+        self._check_fade(calls)
         self._check_bounds(calls)
         waves = [self._call(c.tokens, c.last_chunk) for c in calls]
         self.buffer = None if final else rest
         wave = np.concatenate(waves) if waves else np.zeros(0, np.float32)
         return UnitOutput(wave.astype(np.float32, copy=False), fh.to_pcm16(wave),
                           {"calls": [len(c.tokens) for c in calls]})
+
+    def _check_fade(self, calls) -> None:
+        """InputError before any change when a call would cross-fade over a cached speech tail shorter than
+        the fade (3840 samples): after a session whose first vocoder call was a flush of 2 or 3 tokens
+        (1920 / 2880 samples), upstream's fade (t2w L14-22) fails on the next call, in stock after its flow
+        state has advanced; here the unit is refused and the session keeps its state (it cannot speak
+        again, as stock cannot)."""
+        lsp = self.hift_len["speech"]
+        if calls and 0 < lsp < sa.SOURCE_CACHE_LEN:
+            raise InputError(f"speak: the cached speech tail holds {lsp} samples, the cross-fade needs "
+                             f"{sa.SOURCE_CACHE_LEN} (the session's first call was a flush of "
+                             f"{lsp // (2 * sa.HOP_SAMPLES)} tokens); upstream's fade fails here too "
+                             f"(token2wav.py L14-22), so this session cannot speak again")
 
     def _check_bounds(self, calls) -> None:
         Lc, Le = self.len_conf, self.len_est
