@@ -97,11 +97,13 @@ def _check_version(package: str) -> None:
 
 
 def installed_versions() -> dict[str, str]:
-    """Versions of every package that shapes a result: stock packages, torch, numpy, and cuda-python (the
-    VMM arena and graphs.StreamLeases use its driver API; "absent": prealloc arenas and torch's pool streams)."""
+    """Versions of every package that shapes a result: stock packages, torch, numpy, and cuda-bindings, the
+    distribution of the `cuda.bindings` driver API that the VMM arena and graphs.StreamLeases import
+    ("absent": prealloc arenas and torch's pool streams); cuda-python, its meta-package (the `gpu` extra),
+    is listed too, but a machine can have cuda-bindings without it (the lent H200's image does)."""
     out = {}
     for name in ("torch", "numpy", "minicpmo-utils", "moshi", "transformers", "librosa", "soundfile",
-                 "datasets", "cuda-python"):
+                 "datasets", "cuda-bindings", "cuda-python"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
