@@ -335,8 +335,8 @@ class CadenceSession(_FlowCadence):
         from a fixed seeded sequence (shapes depend on counts only).
         Returns the graph counters' change, the turns run and whether the set is frozen. Raises ValueError
         for bad turns (not a sequence of sequences of ints in [0, MAX_UNIT_TOKENS], or a call `speak` would
-        refuse: a 1-token flush, a call after a first flush of 2-3 tokens), passes or freeze and InputError while a turn is open or after
-        close(), before anything runs; ClockError when a turn passes the position table (the session
+        refuse: a 1-token flush, a call after a first flush of 2-3 tokens), passes or freeze and InputError
+        while a turn is open or after close(), before anything runs; ClockError when a turn passes the position table (the session
         restored first; graphs captured before it are kept)."""
         bad = ValueError(f"turns: expected a non-empty sequence of non-empty token-count sequences (ints in "
                          f"[0, {sa.MAX_UNIT_TOKENS}] per unit, no call `speak` would refuse: a 1-token flush, a "
@@ -442,8 +442,9 @@ class CadenceSession(_FlowCadence):
         """One SPEAK unit, as `stepaudio2.StockSession.speak` (same calls, same bytes).
 
         Raises InputError (bad tokens, no open turn, a turn that would end in a 1-token call: see
-        `_check_calls`; a call after a first flush of 2-3 tokens: see `_check_fade`) or ClockError (a call of this unit would read conformer positions past the
-        position table: region 'conformer_att', bound, value) before any state changes."""
+        `_check_calls`; a call after a first flush of 2-3 tokens: see `_check_fade`) or ClockError (a call
+        of this unit would read conformer positions past the position table: region 'conformer_att',
+        bound, value) before any state changes."""
         if self.buffer is None:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
         final = fh.check_final(final)
