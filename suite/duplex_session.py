@@ -164,7 +164,7 @@ class Driver:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
             return
-        if not hasattr(self.session, "start_turn") or not _turn_based(self.session):
+        if not _turn_based(self.session):
             if callable(getattr(self.session, "prepare", None)):     # Moshi cadence: capture + restore
                 self.session.prepare()
             return
@@ -221,17 +221,31 @@ def script_turns(units: list[DuplexUnit]) -> list[tuple[int, ...]]:
     return turns
 
 
+TURN_STATES = ("reset", "carried", "stream")
+
+
+def turn_state(session) -> str:
+    """What the session's start_turn does to its state, as the session class declares it (`turn_state`):
+    "reset" (MiniCPM-o, Qwen3-Omni: a turn starts from the voice's base state / an empty context, so a
+    warm-up turn leaves no trace), "carried" (Step-Audio 2: the caches carry over turns, upstream never
+    resets them), "stream" (Moshi: one continuous stream). Raises TypeError for a session that declares
+    none of them (the harness cannot know how to warm it)."""
+    state = getattr(session, "turn_state", None)
+    if state not in TURN_STATES:
+        raise TypeError(f"session {type(session).__name__}: turn_state must be one of {TURN_STATES}, "
+                        f"got {state!r}")
+    return state
+
+
 def _turn_based(session) -> bool:
-    """True for sessions whose start_turn restores a base state (flow_hift, code2wav): their warm-up turn
-    leaves no trace. Moshi streams continuously; Step-Audio 2's turns continue on the same caches
-    (upstream never resets them), so a warm-up turn would change what follows."""
-    return not (type(session).__module__.endswith(("mimi", "mimi_cadence")) or _caches_carry_over(session))
+    """True for sessions whose start_turn restores a base state (turn_state "reset")."""
+    return turn_state(session) == "reset"
 
 
 def _caches_carry_over(session) -> bool:
-    """True for Step-Audio 2 sessions (stock and cadence): their caches carry over turns (upstream never
-    resets them), so they take no warm-up unit of their own."""
-    return type(session).__module__.endswith(("stepaudio2", "stepaudio2_cadence"))
+    """True for sessions whose caches carry over turns (turn_state "carried": Step-Audio 2): no warm-up
+    unit of their own."""
+    return turn_state(session) == "carried"
 
 
 # --- footprints ----------------------------------------------------------------------------------------

@@ -496,3 +496,28 @@ def test_a_warm_up_that_raises_releases_the_session_it_built(tmp_path, sa2_model
     with pytest.raises(RuntimeError, match="warm-up failed"):
         duplex._solo_variant(wl, "cadence", 0, model, adapter, spec, ar_stage.NoAR(), "cpu", 3)
     assert len(released) == 2 and released[0] is not released[1]
+
+
+def test_every_session_class_declares_what_a_turn_does_to_its_state():
+    """The harness warms a session by what its class declares (`turn_state`), not by its module's name:
+    each adapter's stock and DuplexCadence sessions declare the same, and a session declaring nothing is
+    refused (TypeError) rather than warmed the wrong way."""
+    from duplexcadence.adapters import (code2wav, flow_hift, flow_hift_cadence, mimi, mimi_cadence, stepaudio2,
+                                        stepaudio2_cadence)
+    declared = {(m.__name__.rsplit(".", 1)[1], c.turn_state) for m, c in (
+        (code2wav, code2wav.StockSession), (code2wav, code2wav.CadenceSession),
+        (flow_hift, flow_hift.StockSession), (flow_hift_cadence, flow_hift_cadence.CadenceSession),
+        (mimi, mimi.StockSession), (mimi_cadence, mimi_cadence.CadenceSession),
+        (stepaudio2, stepaudio2.StockSession), (stepaudio2_cadence, stepaudio2_cadence.CadenceSession))}
+    assert declared == {("code2wav", "reset"), ("flow_hift", "reset"), ("flow_hift_cadence", "reset"),
+                        ("mimi", "stream"), ("mimi_cadence", "stream"), ("stepaudio2", "carried"),
+                        ("stepaudio2_cadence", "carried")}
+
+    class Undeclared:
+        pass
+
+    with pytest.raises(TypeError, match="turn_state"):
+        duplex_session.turn_state(Undeclared())
+    assert duplex_session._caches_carry_over(stepaudio2_cadence.CadenceSession.__new__(
+        stepaudio2_cadence.CadenceSession))
+    assert not duplex_session._turn_based(mimi.StockSession.__new__(mimi.StockSession))

@@ -367,6 +367,9 @@ class StockSession:
     device) and its `chunked_decode_streaming` trims it (`wav[..., ctx * 1920:]`). The output is cast to
     float32 with `.float()` as transformers' generate does (L4145); bf16 -> float32 is exact."""
 
+    #: What start_turn does to the state (duplex_session.turn_state): clears the left context.
+    turn_state = "reset"
+
     def __init__(self, model, spec: dict | None = None):
         self.model = model
         self.device = next(model.parameters()).device
@@ -454,6 +457,9 @@ class CadenceSession:
     After each call the newest min(ctx + new, C) frames are shifted into the context region in place.
     seamless: the opt-in, non-bit-exact "cadence_seamless" slice (see the module docstring).
     spec keys: left_context, initial_frames, graphs (bool; default on CUDA), arena_backend."""
+
+    #: What start_turn does to the state (duplex_session.turn_state): clears the left context.
+    turn_state = "reset"
 
     def __init__(self, model, spec: dict | None = None, *, seamless: bool = False):
         spec = spec or {}

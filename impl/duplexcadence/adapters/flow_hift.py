@@ -385,6 +385,9 @@ class StockSession:
     final unit flushes with `last_chunk=True`.
     """
 
+    #: What start_turn does to the state (duplex_session.turn_state): restores the voice's base state.
+    turn_state = "reset"
+
     def __init__(self, t2w, prompt: Prompt):
         if getattr(t2w, "stock_buffers_released", False):
             raise RuntimeError("StockSession: this model's stock DiT cache buffers were released for a "

@@ -200,6 +200,9 @@ class CadenceSession:
     state changes.
     """
 
+    #: What start_turn does to the state (duplex_session.turn_state): restores the voice's base state.
+    turn_state = "reset"
+
     def __init__(self, t2w, prompt: fh.Prompt, *, graphs: bool | None = None, strict: bool = False,
                  arena_backend: str = "auto", vocoder: str = "cadence", noise: str = "host",
                  prepare_turns: int | None = None):

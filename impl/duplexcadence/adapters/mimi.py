@@ -280,6 +280,9 @@ class StockSession:
     compression.py L219-230, L415-429); on CPU it equals stock eager.
     """
 
+    #: What start_turn does to the state (duplex_session.turn_state): nothing, one continuous stream.
+    turn_state = "stream"
+
     def __init__(self, model, *, graphs: bool = False):
         self.model = model
         self.graphs = graphs

@@ -111,6 +111,9 @@ class CadenceSession:
     lacks) are set from them after each unit, since a replay runs no Python.
     """
 
+    #: What start_turn does to the state (duplex_session.turn_state): nothing, one continuous stream.
+    turn_state = "stream"
+
     def __init__(self, model, spec: dict | None = None):
         spec = spec or {}
         self.model = model

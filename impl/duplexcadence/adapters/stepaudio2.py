@@ -326,6 +326,10 @@ class StockSession:
     by every session of the process (a harness that runs several sessions must keep each one's state).
     """
 
+    #: What start_turn does to the state (duplex_session.turn_state): nothing; the caches carry over
+    #: turns (upstream never resets them).
+    turn_state = "carried"
+
     draws_default_generator = True
 
     def __init__(self, t2w: StockToken2wav, prompt: fh.Prompt, *, rng_seed: int = 0):

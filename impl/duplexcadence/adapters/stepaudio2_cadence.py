@@ -178,6 +178,10 @@ class CadenceSession(_FlowCadence):
     state changes. draws_default_generator: True, as stock (the same draws from the default generators).
     """
 
+    #: What start_turn does to the state (duplex_session.turn_state): nothing; the caches carry over
+    #: turns, as stock's.
+    turn_state = "carried"
+
     draws_default_generator = True
 
     def __init__(self, t2w: sa.StockToken2wav, prompt: fh.Prompt, *, rng_seed: int = 0,
