@@ -445,3 +445,24 @@ def test_call_after_a_short_first_flush_refused_before_any_change(model, n):
     ok.speak([7] * 4, final=True)
     ok.start_turn()
     assert ok.speak(tokens_for(1, 25) + tokens_for(2, 3)).info["calls"] == [28]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture and replay")
+def test_cuda_rehearsal_captures_every_live_graph_and_keeps_the_bytes():
+    """On CUDA (graphs "dit+hift"): after `rehearse(TURNS, freeze=True)` the live turns run with no
+    first-occurrence eager step, no capture and no eager fallback (every step a replay), and every unit's
+    bytes equal a stock session's on the same model. (Written for the GPU; not yet run there.)"""
+    m = fh.build_model({"variant": "stepaudio2", "n_timesteps": STEPS, "voice_prompt": str(VOICE),
+                        "prompt_seconds": 2.0}, depth="reduced", seed=0, device="cuda")
+    ref = run(sa.new_session(m, "stock"))
+    cad = sa.new_session(m, "cadence", {"cadence": {"graphs": "dit+hift"}})
+    done = cad.rehearse(TURNS, freeze=True)
+    assert done["frozen"] and done["captures"] > 0
+    before = cad.stats()
+    outs = run(cad)
+    after = cad.stats()
+    assert {k: after[k] - before[k] for k in ("captures", "warmup_runs", "eager_runs", "eager_fallbacks")} == \
+        {"captures": 0, "warmup_runs": 0, "eager_runs": 0, "eager_fallbacks": 0}
+    assert after["replays"] > before["replays"]
+    for unit, (a, b) in enumerate(zip(ref, outs)):
+        compare_units("stepaudio2-reduced-cuda-rehearsed", unit, a, b)
