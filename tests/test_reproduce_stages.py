@@ -1255,3 +1255,30 @@ def test_an_empty_workload_list_is_an_error_not_an_empty_run(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--workload" in err[0]
     assert stub.calls == [] and list(tmp_path.iterdir()) == []
+
+
+def _memory_record(modes: dict, arch: str = claims.FLOW_HIFT) -> dict:
+    """A harness record with {mode: (peak MiB, session MiB)} driver-level memory (suite.memory's keys)."""
+    return {"workload": {"architecture": arch}, "modes": {
+        m: {"memory": {"peak_over_idle_driver_mib": p, "session_driver_mib": s, "driver_source": "nvml"}}
+        for m, (p, s) in modes.items()}}
+
+
+def test_memory_claims_never_pair_one_memory_stage_with_the_other_modes_verify_figure():
+    verify = _memory_record({"stock": (5000.0, 3616.0), "cadence": (3000.0, 2230.0)})
+    stock_stage = _memory_record({"stock": (4800.0, 3616.0)})
+    # as reproduce-9: memory_stock done, memory_cadence not run: both figures from verify, not 3616 vs 2230 mixed
+    # with a one-process-per-mode stock
+    half = {"verify": {"record": verify}, "memory_stock": {"record": stock_stage}}
+    m = claims.memory_figures(half)
+    assert {x["how"] for x in m.values()} == {"one process, both modes (verify); driver (nvml)"}
+    assert (m["stock"]["peak"], m["cadence"]["peak"]) == (5000.0, 3000.0)
+    row = claims.session_table({"workloads": {"w": half}})
+    assert "0.62 of stock (not judged: needs both memory stages)" in row and "(met)" not in row
+    assert "(missed)" not in row
+
+    both = dict(half, memory_cadence={"record": _memory_record({"cadence": (2000.0, 1200.0)})})
+    m = claims.memory_figures(both)
+    assert {x["how"] for x in m.values()} == {"one process per mode; driver (nvml)"}
+    assert (m["stock"]["peak"], m["cadence"]["peak"]) == (4800.0, 2000.0)
+    assert "0.33 of stock (met)" in claims.session_table({"workloads": {"w": both}})
