@@ -106,12 +106,14 @@ DUPLEX_SECONDS = 60
 #: suite.duplex arguments per mode and workload ("default": any other workload). Each list is sized to fit the
 #: 560 s budget, from the H200 timings of results/2026-11-30-h200-duplex-60s*/ (gpu*.log, duplex.json): a process
 #: builds the model (~20 s), then per count N runs 60 s; MiniCPM-o DuplexCadence sessions are pooled across the
-#: counts of one process and each needs ~9 s of warm-up (graph rehearsal) when first built (~5 s at 5175f96:
-#: 1,24,26 took 333.6 s in reproduce-8), so counts 1,26,28 build 28 sessions: at most ~250 s + 3 x 60 s + 20 s ~
-#: 450 s (the old 1,16,24,32 ran out of 60s-b's limit at 32); stock MiniCPM-o sessions build in ~1-2 s each (a
-#: model copy each: 1,2,3,4 is 10 sessions + 4 x 60 s); Moshi DuplexCadence sessions are built per run at ~1 s
-#: each (1,16,32,48: 97 s + 4 x 60 s); Step-Audio 2 DuplexCadence sessions (the "default" list, as Qwen3-Omni's)
-#: are built per run and rehearse their script's turns (up to ~10 s each: 1,2,4,8 is ~150 s + 4 x 60 s).
+#: counts of one process and each needed ~9 s of warm-up (graph rehearsal) when first built, ~5 s at 5175f96
+#: (1,24,26 took 333.6 s in reproduce-8) and ~3.6 s for 5 steps at 47504c7 (1,24,32 took 315.5 s in
+#: reproduce-9); the fit test allows 6 s: counts 1,26,28 build 28 sessions, ~170 s + 3 x 60 s + 20 s ~ 370 s
+#: (the old 1,16,24,32 at 9 s ran out of 60s-b's limit at 32); stock MiniCPM-o sessions build in ~1-2 s each (a
+#: model copy each: 1,2,3,4 is 10 sessions + 4 x 60 s); Moshi and Qwen3-Omni DuplexCadence sessions are built
+#: per run at ~1 s each or less (Moshi 1,16,32,48 took 268.8 s in reproduce-9); Step-Audio 2 DuplexCadence
+#: sessions are built per run and rehearse their script's turns (~8.8 s each in reproduce-9: 1,2,4,8 took
+#: 392.3 s; the fit test allows 10 s: 1,8,16 is ~250 s + 3 x 60 s).
 #: Policies: the one that served each mode best on the H200 (MiniCPM-o DuplexCadence on threads, stock on one
 #: thread, edf; suite.duplex's default edf elsewhere). The resulting `max_zero_miss_sessions` is a LOWER BOUND
 #: (the largest count tried with zero misses), not the exact limit: the counts skip values (MiniCPM-o cadence
@@ -129,8 +131,15 @@ DUPLEX_SESSIONS = {
         # H200: 26 missed 21/1066 (-e, impl d4464c0) and 4/1066 (reproduce-7, 5cf9e70), then 0/1066 with the
         # stream leases' finalizer queue (reproduce-8, 5175f96); 32 missed 990/1312 (-e): 28 tried next
         "minicpmo45": ["--sessions", "1,26,28", "--policy", "threads"],
-        "minicpmo45_5step": ["--sessions", "1,24,32", "--policy", "threads"],
-        "moshi": ["--sessions", "1,16,32,48"],                              # >= 32 (largest tried)
+        # H200: 0 misses at 32 (largest tried, results/2026-12-01-h200-reproduce-9, 315.5 s): 40 next
+        "minicpmo45_5step": ["--sessions", "1,32,40", "--policy", "threads"],
+        # H200: 32 with zero misses, 48 missed 2617/2880 (reproduce-9; a unit takes ~24.5 ms and edf runs one
+        # at a time, so ~40 fit a second): the counts between
+        "moshi": ["--sessions", "1,32,36,40"],
+        # H200: 0 misses at 8 (largest tried) for both: Step-Audio 2 rehearsed (reproduce-9, 392.3 s), Qwen3-Omni
+        # (reproduce-5, 267.3 s)
+        "stepaudio2_mini": ["--sessions", "1,8,16"],
+        "qwen3_omni": ["--sessions", "1,8,16,32"],
         "default": ["--sessions", "1,2,4,8"],
     },
 }
