@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plots:
         from suite.duplex_plot import plot_all
         record["plots"] = plot_all(record, out)
-    (out / "duplex.json").write_text(json.dumps(record, indent=1))
+    (out / "duplex.json").write_text(json.dumps(record, separators=(",", ":")))   # compact, as suite.duplex
     for name, w in record["workloads"].items():
         for mode, m in w["modes"].items():
             print(f"{name} {mode}: max sessions with zero misses = {m['max_zero_miss_sessions']}")

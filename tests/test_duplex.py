@@ -319,7 +319,9 @@ def test_cli_end_to_end_writes_json_and_plots(tmp_path, mimi_model, monkeypatch)
     out = tmp_path / "out"
     rc = duplex.main(["--workload", "moshi", "--device", "cpu", "--depth", "reduced", "--ar", "busy:1ms",
                       "--sessions", "1", "--seconds", "2", "--out", str(out), "--quiet"])
-    rec = json.loads((out / "duplex.json").read_text())
+    text = (out / "duplex.json").read_text()
+    rec = json.loads(text)
+    assert "\n" not in text                   # compact (one line): its rows per unit made an indented one 4.3 MB
     assert rc == 1 and rec["verdict"] == "INVALID"           # 2 s < 60 s (and maybe a dirty tree)
     assert any("< 60 s" in r for r in rec["invalid_reasons"])
     w = rec["workloads"]["moshi"]
