@@ -3,7 +3,8 @@
 #                   memory_cadence, duplex_stock, duplex_cadence): writes results/<date>-<device>-reproduce/
 #                   stages.json, one folder per stage and one merged REPORT.md (CPU default: minicpmo45 verify, 4 units)
 # `make report`     rebuilds REPORT.md of the named results folders from their JSON: make report ARGS=results/<run>
-#                   (one folder or more; with none it exits 2 and rewrites nothing)
+#                   (one folder or more; with none it exits 2 and rewrites nothing); a second run of a tree
+#                   against the first: make report ARGS="results/<run>-second --compare results/<run>"
 # `make test`       the test suite (CPU; GPU-only tests skip with the reason)
 # `make bench`      pytest-benchmark microbenchmarks of the runtime's parts
 # `make asv`        asv benchmarks against the current environment, kept under results/asv (history accumulates);

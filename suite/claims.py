@@ -40,7 +40,7 @@ import numpy as np
 
 from suite.duplex_merge import merge as merge_duplex
 from suite.report import DASH, PUBLISHED, _f, _table
-from suite.stages import HARNESSES, TIMED_HARNESSES, check_data, family, overlapping
+from suite.stages import HARNESSES, TIMED_HARNESSES, check_data, device_type, family, overlapping, unselected
 
 FLOW_HIFT = "flow_hift"        # the architecture the published figures were measured on (MiniCPM-o 4.5)
 PLOTS = ("speedup.png", "memory.png", "tail_per_unit.png")
@@ -160,10 +160,16 @@ def duplex_figures(entries: dict, workload: str | None = None) -> dict | None:
     for mode, m in w.get("modes", {}).items():
         solo = next((r for r in m.get("runs", []) if r.get("sessions") == 1 and not r.get("refused")), None)
         met = (solo or {}).get("metrics", {})
+        best = m.get("max_zero_miss_sessions")
+        missed = sorted((r for r in m.get("runs", []) if not r.get("refused") and r.get("sessions") is not None
+                         and (r.get("metrics") or {}).get("misses") and r["sessions"] > (best or 0)),
+                        key=lambda r: r["sessions"])
         modes[mode] = {"speak_vs_period_pct_mean": pct(met.get("speak_frac_mean")),
                        "speak_vs_period_pct_p99": pct(met.get("speak_frac_p99")),
                        "miss_rate": met.get("miss_rate"),
-                       "max_sessions_zero_miss": m.get("max_zero_miss_sessions"),
+                       "max_sessions_zero_miss": best,
+                       "first_missed": ({"sessions": missed[0]["sessions"], "misses": missed[0]["metrics"]["misses"],
+                                         "units": missed[0]["metrics"].get("units_run")} if missed else None),
                        "seconds": record.get("parameters", {}).get("seconds"), "ar": w.get("ar")}
     return {"modes": modes, "files": files, "cadence_equals_stock": w.get("cadence_equals_stock"),
             "verdict": record.get("verdict"), "error": None, "marks": marks}
@@ -528,19 +534,59 @@ def speak_table(data: dict) -> str:
                          "p99 stock / cadence", "miss rate stock / cadence", "source"])
 
 
+def session_limit(fig: dict | None) -> tuple[int | None, int | None]:
+    """(lo, hi): the bracket a mode's duplex runs put on its session limit. lo: the largest count tried with
+    zero misses; hi: one less than the first larger count that missed, None where no larger count missed
+    (the limit was not found). lo == hi: the limit itself (the counts were consecutive there)."""
+    fig = fig or {}
+    lo, first = fig.get("max_sessions_zero_miss"), fig.get("first_missed")
+    return lo, (first["sessions"] - 1 if first else None)
+
+
+def _limit_cell(fig: dict | None) -> str:
+    """'2 (3 missed 12/180)', '1 (26 missed 46/1066: limit 1-25)', '32 (largest tried)'."""
+    lo, hi = session_limit(fig)
+    if lo is None:
+        return DASH
+    first = (fig or {}).get("first_missed")
+    if not first:
+        return f"{lo} (largest tried)"
+    miss = f"{first['sessions']} missed {first['misses']}/{first['units'] if first['units'] is not None else '?'}"
+    return f"{lo} ({miss})" if hi == lo else f"{lo} ({miss}: limit {lo}-{hi})"
+
+
+def session_ratio(stock: dict | None, cadence: dict | None) -> str:
+    """The cadence / stock session-limit ratio from the two brackets (`session_limit`): exact where both
+    limits are, else its range ('0.5-12.5x'), a bound ('>= 4.0x') or, where neither limit was found, the
+    ratio of the two lower bounds, marked so."""
+    (s_lo, s_hi), (c_lo, c_hi) = session_limit(stock), session_limit(cadence)
+    if not s_lo or c_lo is None:
+        return DASH
+    if s_lo == s_hi and c_lo == c_hi:
+        return f"{c_lo / s_lo:.1f}x"
+    low = c_lo / s_hi if s_hi else None
+    high = c_hi / s_lo if c_hi is not None else None
+    if low is not None and high is not None:
+        return f"{low:.1f}-{high:.1f}x"
+    if low is not None:
+        return f">= {low:.1f}x"
+    if high is not None:
+        return f"<= {high:.1f}x"
+    return f"{c_lo / s_lo:.1f}x (of two lower bounds)"
+
+
 def sessions_table(data: dict) -> str:
     rows = []
     for w, e in data["workloads"].items():
         d = duplex_figures(e, w)
-        s = c = None
+        fs = fc = None
         if d:
-            s = d["modes"].get("stock", {}).get("max_sessions_zero_miss")
-            c = d["modes"].get("cadence", {}).get("max_sessions_zero_miss")
-        ratio = f"{c / s:.1f}x" if s and c is not None else DASH
+            fs, fc = d["modes"].get("stock"), d["modes"].get("cadence")
+        ratio = session_ratio(fs, fc)
         target = ">= 24 and >= 4x stock (tail only)" if _is_flow_hift(e, 10) else DASH
         cut = {m for m, mark in (d or {}).get("marks", {}).items() if mark.startswith("PARTIAL")}
-        counts = [_f(n) + (" (PARTIAL)" if m in cut and n is not None else "")    # a lower bound, cut short
-                  for m, n in (("stock", s), ("cadence", c))]
+        counts = [_limit_cell(f) + (" (PARTIAL)" if m in cut and f else "")    # a lower bound, cut short
+                  for m, f in (("stock", fs), ("cadence", fc))]
         rows.append([w, _paper(e, "more per GPU (no figure)"), target, *counts, ratio,
                      _duplex_source(e, d) if d else f"not measured ({_duplex_status(e)})"])
     return _table(rows, ["workload", "paper", "target (issue 7, MiniCPM-o 10 steps)",
@@ -816,6 +862,16 @@ def plots(data: dict, run_dir: Path) -> list[str]:
 
 
 # --- the report ------------------------------------------------------------------------------------
+def _registered() -> list[str]:
+    """The registered workloads' names (a CUDA run's default plan covers them all); [] where the
+    workloads package cannot be imported (a report rebuilt away from the checkout)."""
+    try:
+        import workloads
+    except ImportError:
+        return []
+    return list(workloads.names())
+
+
 def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] | None = None,
            results_root: Path | None = None) -> str:
     """REPORT.md text of a loaded staged run (`load`); refs: workload -> reference record."""
@@ -827,14 +883,19 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
             legacy += 1
             continue
         counts[st["status"]] = counts.get(st["status"], 0) + 1
-    complete = counts["failed"] == counts["pending"] == counts["running"] == 0
     opts = state.get("options", {})
+    missing = unselected(state, _registered() if device_type(opts.get("device", "cpu")) == "cuda" else None)
+    complete = counts["failed"] == counts["pending"] == counts["running"] == 0 and not missing
+    rerun = [] if counts["failed"] == counts["pending"] == counts["running"] == 0 else [
+        "rerun the same command with `--resume` to run the failed and pending stages (done stages are kept)"]
+    if missing:
+        rerun.append(f"{len(missing)} stage(s) of the default plan never selected in a sitting: "
+                     f"{', '.join(missing)} (`--resume --stages {','.join(missing)}`)")
     parts = [f"# DuplexCadence reproduction {data['run_dir'].name}", "",
              f"**{'Complete' if complete else 'Incomplete'}**: " + ", ".join(f"{v} {k}" for k, v in counts.items()
                                                                              if v or k != "running")
              + (f" (and {legacy} legacy entries of an older version, listed under Stages)" if legacy else "")
-             + ("" if complete else "; rerun the same command with `--resume` to run the failed and pending "
-                                     "stages (done stages are kept)."), "",
+             + ("; " + "; ".join(rerun) + "." if rerun else ""), "",
              _verdicts(state), "",
              gpu_coverage(data, results_root), "",
              "Published figures: one H200, released MiniCPM-o 4.5 weights, whole SPEAK unit. Ours: seeded "
@@ -853,8 +914,10 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
              "## SPEAK time against the 1 s cadence", "", speak_table(data), "",
              "## Sessions per GPU", "", sessions_table(data), "",
              "Session counts are the largest count tried with zero missed units (suite.stages.DUPLEX_SESSIONS "
-             "per mode and workload): a lower bound on the limit, not the exact limit unless the counts tried "
-             "are consecutive there (`python -m suite.duplex --bisect` finds it).", "",
+             "per mode and workload), then the first larger count that missed (its misses / units): together "
+             "a bracket on the limit, the limit itself only where the two counts are consecutive (`python -m "
+             "suite.duplex --bisect` finds it); \"largest tried\": no count missed, a lower bound. The ratio "
+             "comes from the two brackets (a range or a bound where a limit is not exact).", "",
              "## Bitwise equality (per unit sha256, stock vs cadence)", "", bitwise_table(data), ""]
     if written:
         parts += ["## Plots", ""] + [f"![{p}]({p})" for p in written] + [""]

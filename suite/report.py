@@ -10,7 +10,8 @@ Files of one run (run_id = `<UTC date>-<device short name>-<workload>`, e.g. 202
   the verdict, and "Parameters used" last.
 
 `python -m suite.report results/<run_id> [...]` rebuilds REPORT.md from run.json; for a staged
-reproduction (stages.json, suite.reproduce) it rebuilds the merged report (suite.claims). At least one
+reproduction (stages.json, suite.reproduce) it rebuilds the merged report (suite.claims), and `--compare
+REF` (repeatable) records reference runs in its stages.json first (a second run of a tree against the first). At least one
 folder must be named: with none it exits with status 2 and writes nothing (the committed results/*/REPORT.md
 were rendered by the code of their day; rebuilding them all would silently rewrite them).
 """
@@ -69,18 +70,31 @@ def write_results(result, out_root: str | Path = "results", *, name: str | None 
     return folder
 
 
-def rebuild(folder: str | Path) -> Path:
+def rebuild(folder: str | Path, compare: list[str] | None = None) -> Path:
     """Re-render folder/REPORT.md from folder/run.json, or, for a staged reproduction (folder/stages.json),
-    the merged report from its stages (suite.claims.write). Raises FileNotFoundError naming the file."""
+    the merged report from its stages (suite.claims.write). compare: reference run folders for a staged
+    reproduction (suite.reproduce --compare): checked, recorded in its stages.json (so later rebuilds keep
+    them; none given keeps what is recorded), rendered beside it. Raises FileNotFoundError naming the file
+    or reference, ValueError for compare on a single run's folder (it has no reference section)."""
     folder = Path(folder)
     if (folder / "stages.json").is_file():
-        from suite import claims
+        from suite import claims, stages
 
+        if compare:
+            for ref in compare:
+                claims.load_reference(ref)          # a missing or unreadable reference fails before any write
+            data = json.loads((folder / "stages.json").read_text())
+            state = stages.State.open(folder, data.get("options"), resume=True)
+            state.data["compare"] = list(dict.fromkeys(compare))
+            state.save()
         return claims.write(folder)
     path = folder / "run.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder}: neither stages.json nor run.json there (expected a folder written by "
                                 f"suite.reproduce or suite.stage_run)")
+    if compare:
+        raise ValueError(f"--compare {' '.join(compare)}: only for a staged reproduction (a folder with "
+                         f"stages.json); {folder} holds a single run (run.json)")
     record = json.loads(path.read_text())
     (folder / "REPORT.md").write_text(render(record))
     return folder / "REPORT.md"
@@ -344,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folders", nargs="*", metavar="FOLDER",
                     help="results/<run_id> folders, single runs (run.json) or staged reproductions (stages.json); "
                          "at least one")
+    ap.add_argument("--compare", action="append", default=None, metavar="REF",
+                    help="a reference run folder (repeatable) for a staged reproduction: recorded in its "
+                         "stages.json and reported beside it (the 'Between runs' noise), as suite.reproduce "
+                         "--compare does")
     args = ap.parse_args(argv)
     if not args.folders:
         print("error: FOLDER: none given; expected one or more results folders holding run.json or stages.json, "
@@ -352,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for folder in args.folders:
         try:
-            print(f"wrote {rebuild(folder)}")
+            print(f"wrote {rebuild(folder, args.compare)}")
         except (FileNotFoundError, ValueError) as exc:     # ValueError: suite.stages.StateError
             print(f"error: {exc}", file=sys.stderr)
             return 1

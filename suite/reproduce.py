@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         device = resolve_device(args.device)
         gpus = parse_gpus(args.gpus, device)
         names = _names(args.workload, device)
-        default_harnesses = list(stages.HARNESSES) if device.startswith("cuda") else ["verify"]
-        all_stages = stages.plan(names, list(stages.HARNESSES), "cuda" if device.startswith("cuda") else "cpu",
+        default_harnesses = stages.DEFAULT_HARNESSES[stages.device_type(device)]
+        all_stages = stages.plan(names, list(stages.HARNESSES), stages.device_type(device),
                                  stage_budget_s=args.stage_budget_s)
         patterns = [p.strip() for p in args.stages.split(",") if p.strip()] if args.stages else None
         chosen = (stages.select(all_stages, patterns) if patterns else

@@ -80,6 +80,10 @@ HARNESSES = ("verify", "memory_stock", "memory_cadence", "duplex_stock", "duplex
 #: side by side.
 TIMED_HARNESSES = frozenset({"verify", "duplex_stock", "duplex_cadence"})
 STATUSES = ("done", "failed", "skipped", "pending", "running")   # running: only while its process runs
+#: The harnesses a run selects by default on each device type (`make reproduce` without --stages): all of
+#: them on CUDA; verify alone on the CPU (a check of the pipeline and of bit-exactness, suite.reproduce).
+#: A CUDA run folder is complete when every registered workload has them all (`unselected`).
+DEFAULT_HARNESSES = {"cuda": HARNESSES, "cpu": ("verify",)}
 #: Per-stage time budget in seconds (the stage's process is killed past it), by device type. verify and
 #: memory: upper bounds chosen so that two or three stages fit one sitting of a 10-minute command (done
 #: H200 stages took 24-58 s: results/2026-11-30-h200-reproduce*/stages.json). duplex: one stage fills a
@@ -205,6 +209,27 @@ def skip_reason(workload, harness: str) -> str | None:
     if family(harness) == "duplex" and not harness_present(DUPLEX_MODULE):
         return f"harness {DUPLEX_MODULE} is not importable here (issue 7: SPEAK vs cadence, sessions per GPU)"
     return None
+
+
+def device_type(device: str) -> str:
+    """'cuda', 'cuda:1' -> 'cuda'; anything else -> 'cpu' (the keys of BUDGET_S and DEFAULT_HARNESSES)."""
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def unselected(state_data: dict, workload_names: list[str] | None = None) -> list[str]:
+    """The stages of the default plan that a run folder has never selected, in plan order: per workload
+    with a stage in stages.json (and per name in workload_names: on CUDA every registered workload), each
+    harness of DEFAULT_HARNESSES[its device type] without an entry. A stage is only in stages.json once a
+    sitting selected it (`--stages`), so without this a folder whose sittings never named a stage would
+    read complete. Only a CUDA folder is judged so (the reproduction); a CPU folder is a check of the stages
+    its sittings selected, and none is missing from it. state_data: stages.json's content (`State.data`)."""
+    kind = device_type((state_data.get("options") or {}).get("device", "cpu"))
+    if kind != "cuda":
+        return []
+    have = state_data.get("stages") or {}
+    names = list(dict.fromkeys([*(workload_names or []), *(st.get("workload") for st in have.values()
+                                                           if st.get("harness") in HARNESSES)]))
+    return [f"{w}.{h}" for w in names for h in DEFAULT_HARNESSES[kind] if f"{w}.{h}" not in have]
 
 
 def plan(workload_names: list[str], harnesses: list[str], device_type: str, *,

@@ -840,6 +840,32 @@ def test_compare_keeps_a_row_per_reference_run(fake_registry, clean_tree, tmp_pa
     assert [r.split("|")[2].strip() for r in rows] == [str(tmp_path / "ref-a"), str(tmp_path / "x" / "ref-a")]
 
 
+def test_make_report_compare_records_the_reference_and_keeps_it(fake_registry, clean_tree, tmp_path, capsys):  # noqa: F811
+    """`python -m suite.report RUN --compare REF`: the second run of a tree judged against the first after
+    both came back (reproduce-9-second against reproduce-9); the reference is recorded in stages.json, so a
+    plain rebuild keeps it. A missing reference, or --compare on a single run's folder, is an error that
+    changes nothing."""
+    run_dir = tmp_path / "run"
+    state = stages.State.open(run_dir, OPTIONS, resume=False)
+    stages.run_plan([stages.Stage("fake", "verify", 100.0)], state, OPTIONS, execute=stages.inline_executor,
+                    log=lambda *_: None)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "run.json").write_text((run_dir / "fake.verify" / "run.json").read_text())
+    before = (run_dir / "stages.json").read_text()
+    assert report.main([str(run_dir), "--compare", str(tmp_path / "missing")]) == 1
+    assert "missing" in capsys.readouterr().err and (run_dir / "stages.json").read_text() == before
+    assert report.main([str(ref), "--compare", str(run_dir)]) == 1
+    assert "only for a staged reproduction" in capsys.readouterr().err and not (ref / "REPORT.md").exists()
+    assert not (run_dir / "REPORT.md").exists()                  # neither error wrote a report
+    assert report.main([str(run_dir), "--compare", str(ref)]) == 0
+    assert json.loads((run_dir / "stages.json").read_text())["compare"] == [str(ref)]
+    assert report.main([str(run_dir)]) == 0                      # kept by a plain rebuild
+    rows = [line for line in _section((run_dir / "REPORT.md").read_text(), "Against the reference run").splitlines()
+            if line.startswith("| fake")]
+    assert len(rows) == 1 and "| ref " in rows[0]
+
+
 def test_host_state_table_correlates_each_sample_with_the_tail():
     def unit(i, tail, op, sm):
         return {"index": i, "kind": "SPEAK", "measured": True, "tail_ms": tail,
@@ -1004,6 +1030,74 @@ def test_duplex_json_of_the_harness_gives_the_claim_figures(tmp_path):
     assert d["modes"]["cadence"]["speak_vs_period_pct_p99"] == pytest.approx(-80.0)
     assert d["modes"]["stock"]["miss_rate"] == 0.4 and d["modes"]["cadence"]["max_sessions_zero_miss"] == 12
     assert d["files"] == ["w.duplex/duplex.json"]
+
+
+def _mode_runs(best: int | None, counts_misses: list[tuple[int, int]]) -> dict:
+    """A mode's duplex record: one run per (sessions, misses), 60 units per session, and its best count."""
+    return {"max_zero_miss_sessions": best, "runs": [
+        {"sessions": n, "metrics": {"speak_frac_mean": 0.1, "speak_frac_p99": 0.2, "misses": k,
+                                    "miss_rate": k / (60 * n), "units_run": 60 * n}} for n, k in counts_misses]}
+
+
+@pytest.mark.parametrize("stock, cadence, cells, ratio", [
+    # stock exact (2 clean, 3 missed); cadence skipped counts: 1 clean, 26 missed -> limit in 1-25
+    pytest.param((2, [(1, 0), (2, 0), (3, 6)]), (1, [(1, 0), (26, 46)]),
+                 ("2 (3 missed 6/180)", "1 (26 missed 46/1560: limit 1-25)"), "0.5-12.5x", id="cadence-bracket"),
+    # both exact
+    pytest.param((2, [(1, 0), (2, 0), (3, 6)]), (26, [(1, 0), (26, 0), (27, 1)]),
+                 ("2 (3 missed 6/180)", "26 (27 missed 1/1620)"), "13.0x", id="both-exact"),
+    # cadence never missed: a lower bound on the ratio
+    pytest.param((2, [(1, 0), (2, 0), (4, 26)]), (8, [(1, 0), (8, 0)]),
+                 ("2 (4 missed 26/240: limit 2-3)", "8 (largest tried)"), ">= 2.7x", id="cadence-lower-bound"),
+    # neither missed
+    pytest.param((4, [(1, 0), (4, 0)]), (32, [(1, 0), (32, 0)]),
+                 ("4 (largest tried)", "32 (largest tried)"), "8.0x (of two lower bounds)", id="two-lower-bounds"),
+])
+def test_sessions_per_gpu_shows_the_bracket_the_counts_tried_put_on_each_limit(tmp_path, stock, cadence, cells,
+                                                                             ratio):
+    """The sessions row names the first count that missed and the ratio comes from the two brackets: a
+    cadence run whose counts jumped 1 -> 26 and missed at 26 is not '0.5x' but a limit somewhere in 1-25
+    (reproduce-9's MiniCPM-o), and a count that never missed is marked a lower bound."""
+    recs = {}
+    for mode, (best, runs) in (("stock", stock), ("cadence", cadence)):
+        rec = {"schema": "duplexcadence.duplex/1", "parameters": {"seconds": 60}, "verdict": "VALID",
+               "workloads": {"w": {"ar": {"kind": "none"}, "modes": {mode: _mode_runs(best, runs)}}}}
+        recs[mode] = rec
+    d = claims.duplex_figures(_done_duplex_stages(tmp_path, {"duplex": {
+        **recs["stock"], "workloads": {"w": {"ar": {"kind": "none"}, "modes": {
+            "stock": recs["stock"]["workloads"]["w"]["modes"]["stock"],
+            "cadence": recs["cadence"]["workloads"]["w"]["modes"]["cadence"]}}}}}), "w")
+    fs, fc = d["modes"]["stock"], d["modes"]["cadence"]
+    assert (claims._limit_cell(fs), claims._limit_cell(fc)) == cells
+    assert claims.session_ratio(fs, fc) == ratio
+    assert claims.session_ratio(None, fc) == claims.DASH and claims._limit_cell(None) == claims.DASH
+
+
+def test_a_run_folder_missing_default_plan_stages_reads_incomplete(tmp_path, monkeypatch):
+    """A stage enters stages.json only when a sitting selects it: a CUDA folder whose sittings never named
+    two stages read 'Complete' before (reproduce-9 without its Moshi and 5-step duplex_stock stages)."""
+    cuda = {**OPTIONS, "device": "cuda"}
+    have = {f"w.{h}": {"workload": "w", "harness": h, "status": "done"} for h in stages.HARNESSES
+            if h != "duplex_stock"}
+    assert stages.unselected({"options": cuda, "stages": have}) == ["w.duplex_stock"]
+    assert stages.unselected({"options": cuda, "stages": have}, ["v", "w"]) == [
+        *(f"v.{h}" for h in stages.HARNESSES), "w.duplex_stock"]
+    assert stages.unselected({"options": OPTIONS, "stages": {}}, ["w"]) == []     # a CPU folder: a check
+    legacy = {"w.duplex": {"workload": "w", "harness": "duplex", "status": "done"}}
+    assert stages.unselected({"options": cuda, "stages": legacy}) == []           # legacy entries name no plan
+    monkeypatch.setattr(claims, "_registered", lambda: ["w"])    # a CUDA run's plan: every registered workload
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    skipped = {name: {**st, "status": "skipped", "reason": "not here"} for name, st in have.items()}
+    data = {"schema": stages.SCHEMA, "options": cuda, "sittings": [], "stages": skipped}
+    (run_dir / "stages.json").write_text(json.dumps(data))
+    head = claims.write(run_dir).read_text().split("\n## ")[0]
+    assert "**Incomplete**" in head and "never selected in a sitting: w.duplex_stock" in head
+    data["stages"]["w.duplex_stock"] = {"workload": "w", "harness": "duplex_stock", "status": "skipped",
+                                        "reason": "not here"}
+    (run_dir / "stages.json").write_text(json.dumps(data))
+    head = claims.write(run_dir).read_text().split("\n## ")[0]
+    assert "**Complete**" in head and "never selected" not in head
 
 
 def test_per_mode_duplex_records_are_joined_by_duplex_merge(tmp_path):
@@ -1197,7 +1291,7 @@ def test_a_failed_duplex_stage_still_reports_the_runs_it_measured(tmp_path, end,
     assert "-41.5%" in speak and mark in speak                       # cadence's one-session run, measured
     assert "duplex (w.duplex_stock/duplex.json, w.duplex_cadence/duplex.json)" in speak
     sessions = next(line for line in _section(text, "Sessions per GPU").splitlines() if line.startswith("| w "))
-    assert "| 3 | 25 (PARTIAL) | 8.3x |" in re.sub(r" +\|", " |", sessions) and mark in sessions
+    assert "| 3 (largest tried) | 25 (largest tried) (PARTIAL) | 8.3x (of two lower bounds) |" in re.sub(r" +\|", " |", sessions) and mark in sessions
     assert "**Incomplete**" in text and "1 PARTIAL (failed after measuring some runs): w.duplex_cadence" in text
     again = DuplexStages()
     run(tmp_path, DUPLEX_PLAN, again, resume=True)
