@@ -129,21 +129,26 @@ DUPLEX_SESSIONS = {
         # H200: 0 misses at 6 (largest tried, results/2026-11-30-h200-reproduce-8): 8 added to find the end
         "minicpmo45_5step": ["--sessions", "1,2,4,6,8", "--policy", "edf"],
         "moshi": ["--sessions", "1,2,4,8"],
+        # H200 (reproduce-9): Step-Audio 2 2 clean, 4 missed 26/164 -> 3 decides; Qwen3-Omni 4 clean (largest
+        # tried, 21 ms per unit, edf one at a time)
+        "stepaudio2_mini": ["--sessions", "1,2,3"],
+        "qwen3_omni": ["--sessions", "1,8,16,32"],
         "default": ["--sessions", "1,2,4"],
     },
     "cadence": {
         # H200: 26 missed 21/1066 (-e, impl d4464c0) and 4/1066 (reproduce-7, 5cf9e70), then 0/1066 with the
-        # stream leases' finalizer queue (reproduce-8, 5175f96); 32 missed 990/1312 (-e): 28 tried next
-        "minicpmo45": ["--sessions", "1,26,28", "--policy", "threads"],
+        # stream leases' finalizer queue (reproduce-8, 5175f96), and 46/1066 again at 47504c7 (reproduce-9,
+        # misses 10-25 s into the run): 26 is the edge; consecutive counts below it bracket the limit
+        "minicpmo45": ["--sessions", "1,20,24,26", "--policy", "threads"],
         # H200: 0 misses at 32 (largest tried, results/2026-12-01-h200-reproduce-9, 315.5 s): 40 next
         "minicpmo45_5step": ["--sessions", "1,32,40", "--policy", "threads"],
         # H200: 32 with zero misses, 48 missed 2617/2880 (reproduce-9; a unit takes ~24.5 ms and edf runs one
         # at a time, so ~40 fit a second): the counts between
         "moshi": ["--sessions", "1,32,36,40"],
-        # H200: 0 misses at 8 (largest tried) for both: Step-Audio 2 rehearsed (reproduce-9, 392.3 s), Qwen3-Omni
-        # (reproduce-5, 267.3 s)
+        # H200: Step-Audio 2 rehearsed 0 misses at 8 (largest tried, reproduce-9, 392.3 s); Qwen3-Omni 0 misses
+        # at 32 (largest tried, reproduce-9, 272.8 s; 7.7 ms per unit)
         "stepaudio2_mini": ["--sessions", "1,8,16"],
-        "qwen3_omni": ["--sessions", "1,8,16,32"],
+        "qwen3_omni": ["--sessions", "1,32,64,96"],
         "default": ["--sessions", "1,2,4,8"],
     },
 }

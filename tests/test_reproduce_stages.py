@@ -217,14 +217,15 @@ def test_plan_of_the_registry_skips_what_cannot_run(monkeypatch):
 
 
 @pytest.mark.parametrize("workload_name, mode, sessions, policy", [
-    pytest.param("minicpmo45", "cadence", "1,26,28", "threads", id="minicpmo45-cadence"),
+    pytest.param("minicpmo45", "cadence", "1,20,24,26", "threads", id="minicpmo45-cadence"),
     pytest.param("minicpmo45", "stock", "1,2,3,4", "edf", id="minicpmo45-stock"),
     pytest.param("minicpmo45_5step", "stock", "1,2,4,6,8", "edf", id="5step-stock"),
     pytest.param("minicpmo45_5step", "cadence", "1,32,40", "threads", id="5step-cadence"),
     pytest.param("moshi", "cadence", "1,32,36,40", None, id="moshi-cadence"),
     pytest.param("stepaudio2_mini", "cadence", "1,8,16", None, id="stepaudio2-cadence"),
-    pytest.param("stepaudio2_mini", "stock", "1,2,4", None, id="default-stock"),
-    pytest.param("qwen3_omni", "cadence", "1,8,16,32", None, id="qwen3-cadence"),
+    pytest.param("stepaudio2_mini", "stock", "1,2,3", None, id="stepaudio2-stock"),
+    pytest.param("qwen3_omni", "stock", "1,8,16,32", None, id="qwen3-stock"),
+    pytest.param("qwen3_omni", "cadence", "1,32,64,96", None, id="qwen3-cadence"),
 ])
 def test_duplex_stage_runs_one_mode_with_its_counts(workload_name, mode, sessions, policy):
     argv = stages.stage_argv(stages.Stage(workload_name, f"duplex_{mode}", 560.0), Path("out"),
