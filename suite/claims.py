@@ -121,7 +121,9 @@ def _duplex_record(folder: Path, run_dir: Path) -> dict | None:
         data = _json(path)
         if (isinstance(data, dict) and str(data.get("schema", "")).startswith("duplexcadence.duplex/")
                 and data.get("workloads")):
-            return {"file": str(path.relative_to(run_dir)), "record": data}
+            from suite.duplex import unpack_units
+
+            return {"file": str(path.relative_to(run_dir)), "record": unpack_units(data)}
     return None
 
 

@@ -47,7 +47,8 @@ stage's tokens are discarded (the tail decodes the script), so output bytes stay
 
 Pieces of one session (units, AR stage + tail, warm-up, footprint) live in `suite.duplex_session`.
 
-Outputs in --out: duplex.json (provenance, parameters, every unit, metrics, verdict) and, unless
+Outputs in --out: duplex.json (provenance, parameters, every unit, metrics, verdict; compact, each run's
+units one table with each sha256 once per record: `pack_units`, read back with `read_record`) and, unless
 --no-plots, <workload>_speak.png (per-unit SPEAK time vs the cadence line) and <workload>_miss_rate.png
 (miss rate vs sessions), stock and DuplexCadence on the same axes (`suite.duplex_plot`).
 
@@ -81,7 +82,10 @@ from suite.duplex_session import (PERIOD_S, WARMUP_TURN_UNITS, Driver, PoolEntry
 from suite.memory import MemoryProbe
 from suite.runner import jsonable, make_spec, open_session
 
-SCHEMA = "duplexcadence.duplex/1"
+SCHEMA = "duplexcadence.duplex/2"           # /2: each run's units as one table (pack_units)
+#: What the readers accept: /1 held each run's units as a list of objects (records up to
+#: results/2026-12-01-h200-reproduce-9); `unpack_units` reads both.
+READ_SCHEMAS = ("duplexcadence.duplex/1", SCHEMA)
 MIN_SECONDS = 60.0             # issue 7: zero misses "over 60 s"
 MODES = ("stock", "cadence")
 EXIT_INVALID = 1               # main's exit status for a complete INVALID record
@@ -283,12 +287,86 @@ def invalid_codes(reasons: list[str]) -> list[str]:
     return [code(r) for r in reasons]
 
 
+def _runs(record: dict):
+    """Every run dict of a record (workloads -> modes -> runs), skipping what is not shaped so."""
+    for w in (record.get("workloads") or {}).values():
+        for m in ((w or {}).get("modes") or {}).values() if isinstance(w, dict) else ():
+            for run in (m or {}).get("runs") or () if isinstance(m, dict) else ():
+                if isinstance(run, dict):
+                    yield run
+
+
+#: Per-unit columns that pack_units stores once per record (`unit_hashes`) and refers to by position: every
+#: session of a multi-session run repeats the hashes of its variant's one-session run when it is byte-identical.
+INTERNED_COLUMNS = ("sha256_f32", "sha256_pcm16")
+
+
+def pack_units(record: dict) -> dict:
+    """A copy of a record whose runs hold their per-unit rows as one table, {"columns": [key, ...], "rows":
+    [[value, ...], ...], "interned": [...]}: the keys once per run instead of once per unit, and each distinct
+    sha256 once per record, in its `unit_hashes` list, the rows holding its position (a row per unit per
+    session, two sha256 each: Moshi's 1,16,32,48 sessions were 3.1 MB as a list of objects in
+    results/2026-12-01-h200-reproduce-9). Columns: every key in first-seen order; a row lacking a key holds
+    null there. `unpack_units` gives the rows back (a key a row lacked reads null). A run whose units are a
+    table already is kept."""
+    out = json.loads(json.dumps(jsonable(record)))
+    hashes: dict[str, int] = {h: i for i, h in enumerate(out.get("unit_hashes") or [])}
+    for run in _runs(out):
+        units = run.get("units")
+        if isinstance(units, list):
+            cols = list(dict.fromkeys(k for u in units for k in u))
+            interned = [c for c in cols if c in INTERNED_COLUMNS]
+            rows = [[(hashes.setdefault(u[c], len(hashes)) if c in interned and u.get(c) is not None else u.get(c))
+                     for c in cols] for u in units]
+            run["units"] = {"columns": cols, "rows": rows, "interned": interned}
+    if hashes:
+        out["unit_hashes"] = list(hashes)
+    return out
+
+
+def unpack_units(record: dict) -> dict:
+    """In place: every run's unit table (`pack_units`) back to a list of {column: value} rows (a key with
+    null for a row that lacked it; interned columns resolved through the record's `unit_hashes`, which is
+    then dropped); a list (records written before the table, results/ up to 2026-12-01-h200-reproduce-9) is
+    kept. Returns the record. Raises ValueError naming the run for a table whose rows do not match its
+    columns or whose interned value is not a position in `unit_hashes`."""
+    hashes = record.get("unit_hashes") or []
+    for run in _runs(record):
+        units = run.get("units")
+        if not isinstance(units, dict):
+            continue
+        where = f"run N={run.get('sessions')} {run.get('mode')}: 'units'"
+        cols, rows, interned = units.get("columns"), units.get("rows"), units.get("interned") or []
+        if not isinstance(cols, list) or not isinstance(rows, list) or any(
+                not isinstance(r, list) or len(r) != len(cols) for r in rows):
+            raise ValueError(f"{where}: expected {{'columns': [...], 'rows': [[one value per column], ...]}}")
+        at = [i for i, c in enumerate(cols) if c in interned]
+        out = []
+        for r in rows:
+            row = list(r)
+            for i in at:
+                if row[i] is not None:
+                    if not isinstance(row[i], int) or not 0 <= row[i] < len(hashes):
+                        raise ValueError(f"{where}: column {cols[i]!r} holds {row[i]!r}, expected a position in "
+                                         f"unit_hashes (0-{len(hashes) - 1})")
+                    row[i] = hashes[row[i]]
+            out.append(dict(zip(cols, row)))
+        run["units"] = out
+    record.pop("unit_hashes", None)
+    return record
+
+
+def read_record(path: str | Path) -> dict:
+    """A duplex.json as suite.duplex measured it (units as rows of objects: `unpack_units`). Raises
+    OSError, ValueError (not JSON, or a mis-shaped unit table)."""
+    return unpack_units(json.loads(Path(path).read_text()))
+
+
 def _write_json(path: Path, record: dict) -> None:
-    """Write atomically (a process killed at its time limit mid-write leaves the previous checkpoint), compact:
-    a record holds a row per unit per session (two sha256 each), so Moshi's 1,16,32,48 sessions were 4.3 MB
-    indented and 3.1 MB compact (results/2026-12-01-h200-reproduce-9); REPORT.md is what people read."""
+    """Write atomically (a process killed at its time limit mid-write leaves the previous checkpoint), compact
+    and with each run's units as one table (`pack_units`); REPORT.md is what people read."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(jsonable(record), separators=(",", ":")))
+    tmp.write_text(json.dumps(pack_units(record), separators=(",", ":")))
     tmp.replace(path)
 
 

@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from suite.duplex import NOT_FINISHED, SCHEMA, OneLineParser, record_reasons
+from suite.duplex import NOT_FINISHED, READ_SCHEMAS, SCHEMA, OneLineParser, record_reasons, unpack_units
+from suite.duplex import _write_json as write_record
 
 
 RECORD_KEYS = ("parameters", "provenance", "verdict", "invalid_reasons", "workloads")   # what merge() reads
@@ -53,8 +54,8 @@ def merge(records: list[dict]) -> dict:
     if len(records) < 2:
         raise ValueError(f"records: expected at least 2 duplex records, got {len(records)}")
     for i, r in enumerate(records):
-        if r.get("schema") != SCHEMA:
-            raise ValueError(f"records[{i}]: expected schema {SCHEMA!r}, got {r.get('schema')!r}")
+        if r.get("schema") not in READ_SCHEMAS:
+            raise ValueError(f"records[{i}]: expected schema {' or '.join(READ_SCHEMAS)}, got {r.get('schema')!r}")
         if not r.get("workloads"):
             raise ValueError(f"records[{i}]: no workloads (nothing measured in that part)")
     for key in ("period_s", "ar", "seconds"):
@@ -121,12 +122,17 @@ def main(argv: list[str] | None = None) -> int:
             return fail(str(exc))
         except ValueError as exc:          # JSONDecodeError, UnicodeDecodeError
             return fail(f"{f}: not JSON ({exc})")
+        try:
+            if isinstance(rec, dict):
+                unpack_units(rec)          # units as one table (suite.duplex.pack_units) -> rows of objects
+        except ValueError as exc:
+            return fail(f"{f}: {exc}: not a suite.duplex record")
         if not isinstance(rec, dict):
             return fail(f"{f}: expected a JSON object (a suite.duplex record), got {type(rec).__name__}")
         missing = [k for k in RECORD_KEYS if k not in rec]
-        if rec.get("schema") == SCHEMA and missing:
+        if rec.get("schema") in READ_SCHEMAS and missing:
             return fail(f"{f}: missing key {missing[0]!r}: not a complete suite.duplex record")
-        if rec.get("schema") == SCHEMA and (why := shape_error(rec)):
+        if rec.get("schema") in READ_SCHEMAS and (why := shape_error(rec)):
             return fail(f"{f}: {why}: not a suite.duplex record")
         records.append(rec)
     try:
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plots:
         from suite.duplex_plot import plot_all
         record["plots"] = plot_all(record, out)
-    (out / "duplex.json").write_text(json.dumps(record, separators=(",", ":")))   # compact, as suite.duplex
+    write_record(out / "duplex.json", record)             # compact, units as a table, as suite.duplex
     for name, w in record["workloads"].items():
         for mode, m in w["modes"].items():
             print(f"{name} {mode}: max sessions with zero misses = {m['max_zero_miss_sessions']}")

@@ -12,7 +12,7 @@ harness's own module), with a time budget. Stage names are `<workload>.<harness>
 * `duplex_stock`, `duplex_cadence`: `python -m suite.duplex --modes <mode> --workload W --device D --out DIR`
   (issue 7: SPEAK time against the 1 s cadence, sessions per GPU), ONE mode per stage so that each fits a
   sitting (a lent GPU runs one command for at most 600 s); the counts and policy per mode and workload are
-  `DUPLEX_SESSIONS`. Writes `duplex.json` (schema duplexcadence.duplex/1) and plots. `suite.claims` joins
+  `DUPLEX_SESSIONS`. Writes `duplex.json` (schema duplexcadence.duplex/2) and plots. `suite.claims` joins
   the two modes' records with `suite.duplex_merge.merge` (stock == cadence recomputed from the one-session
   runs); while only one is done the report shows that mode and the other's status. A duplex stage is
   `done` when its harness ran to the end, whatever the verdict of its duplex.json (suite.duplex exits

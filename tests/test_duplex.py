@@ -322,6 +322,11 @@ def test_cli_end_to_end_writes_json_and_plots(tmp_path, mimi_model, monkeypatch)
     text = (out / "duplex.json").read_text()
     rec = json.loads(text)
     assert "\n" not in text                   # compact (one line): its rows per unit made an indented one 4.3 MB
+    runs = rec["workloads"]["moshi"]["modes"]["cadence"]["runs"]
+    assert isinstance(runs[0]["units"], dict) and rec["unit_hashes"]      # one table per run, hashes once
+    rows = duplex.read_record(out / "duplex.json")["workloads"]["moshi"]["modes"]["cadence"]["runs"][0]["units"]
+    speak = [u for u in rows if u["kind"] == "SPEAK" and u["start_ms"] is not None]
+    assert speak and all(len(u["sha256_f32"]) == 64 and len(u["sha256_pcm16"]) == 64 for u in speak)
     assert rc == 1 and rec["verdict"] == "INVALID"           # 2 s < 60 s (and maybe a dirty tree)
     assert any("< 60 s" in r for r in rec["invalid_reasons"])
     w = rec["workloads"]["moshi"]

@@ -1,4 +1,4 @@
-"""suite.duplex_merge on small synthetic duplexcadence.duplex/1 records (CPU only, no model).
+"""suite.duplex_merge on small synthetic duplexcadence.duplex records (CPU only, no model).
 
 Each part holds one mode of one workload, as when stock and DuplexCadence run in separate processes;
 the runs carry only what the merge reads (sessions, metrics, units with index and both sha256s).
@@ -209,3 +209,64 @@ def test_cli_mis_shaped_record_is_one_line_error_naming_the_file(tmp_path, capsy
     assert err.count("\n") == 1 and err.startswith("python -m suite.duplex_merge: error:")
     assert "bad.json" in err and match in err
     assert not out.exists()
+
+
+# --- duplex.json's unit table (suite.duplex.pack_units / unpack_units) ------------------------------------
+def test_unit_table_gives_the_rows_back_and_stores_each_hash_once():
+    """Each run's units as one table: keys once per run, each distinct sha256 once per record (a session of a
+    multi-session run repeats its one-session run's hashes). Unpacking gives the rows back; a key a row
+    lacked reads null."""
+    rec = part("cadence")
+    rec["workloads"][WL]["modes"]["cadence"]["runs"][0]["units"].append(
+        {"session": 0, "index": 3, "kind": "LISTEN", "miss": False})              # no hashes on a LISTEN unit
+    packed = duplex.pack_units(rec)
+    assert packed is not rec and rec["workloads"][WL]["modes"]["cadence"]["runs"][0]["units"][0]["sha256_f32"]
+    assert sorted(packed["unit_hashes"]) == sorted({f"u{i}-{k}" for i in range(3) for k in ("f32", "pcm16")})
+    table = packed["workloads"][WL]["modes"]["cadence"]["runs"][1]["units"]
+    assert table["columns"][:2] == ["session", "index"] and set(table["interned"]) == set(duplex.INTERNED_COLUMNS)
+    assert len(json.dumps(packed)) < len(json.dumps(rec))
+    back = duplex.unpack_units(json.loads(json.dumps(packed)))
+    assert "unit_hashes" not in back
+    expect = json.loads(json.dumps(rec))
+    expect["workloads"][WL]["modes"]["cadence"]["runs"][0]["units"][3].update(sha256_f32=None, sha256_pcm16=None)
+    assert back == expect
+    assert duplex.unpack_units(json.loads(json.dumps(rec))) == rec           # a list (older records) is kept
+    assert duplex.pack_units(packed) == packed                               # a table is kept
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda t: t["rows"][0].pop(), "one value per column"),
+    (lambda t: t.update(rows={}), "one value per column"),
+    (lambda t: t["rows"][0].__setitem__(t["columns"].index("sha256_f32"), 99), "position in unit_hashes"),
+    (lambda t: t["rows"][0].__setitem__(t["columns"].index("sha256_f32"), "u0-f32"), "position in unit_hashes"),
+])
+def test_a_mis_shaped_unit_table_is_an_error_naming_the_run(tmp_path, capsys, mutate, match):
+    packed = duplex.pack_units(part("stock"))
+    mutate(packed["workloads"][WL]["modes"]["stock"]["runs"][1]["units"])
+    with pytest.raises(ValueError, match=match) as exc:
+        duplex.unpack_units(json.loads(json.dumps(packed)))
+    assert "run N=2 stock" in str(exc.value)
+    bad, good = tmp_path / "bad.json", tmp_path / "good.json"
+    bad.write_text(json.dumps(packed))
+    good.write_text(json.dumps(part("cadence")))
+    assert main([str(bad), str(good), "--out", str(tmp_path / "merged"), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.json" in err and match in err and not (tmp_path / "merged").exists()
+
+
+def test_cli_merges_a_table_record_with_a_list_record_and_writes_a_table(tmp_path):
+    """A part written by suite.duplex now (a table) merges with one written before (a list of rows): the
+    one-session hashes compare equal through the table, and the merged duplex.json is a table again."""
+    stock, cadence = tmp_path / "stock.json", tmp_path / "cadence.json"
+    stock.write_text(json.dumps(duplex.pack_units(part("stock"))))
+    cadence.write_text(json.dumps({**part("cadence"), "schema": "duplexcadence.duplex/1"}))   # as written before
+    assert main([str(stock), str(cadence), "--out", str(tmp_path / "m"), "--no-plots"]) == 0
+    raw = json.loads((tmp_path / "m" / "duplex.json").read_text())
+    assert isinstance(raw["workloads"][WL]["modes"]["stock"]["runs"][0]["units"], dict) and raw["unit_hashes"]
+    rec = duplex.read_record(tmp_path / "m" / "duplex.json")
+    assert rec["workloads"][WL]["cadence_equals_stock"] is True
+    assert rec["workloads"][WL]["modes"]["cadence"]["runs"][1]["units"] == part("cadence")["workloads"][WL][
+        "modes"]["cadence"]["runs"][1]["units"]
+    differ = tmp_path / "differ.json"
+    differ.write_text(json.dumps(duplex.pack_units(part("cadence", ("u0", "X", "u2")))))
+    assert main([str(stock), str(differ), "--out", str(tmp_path / "d"), "--no-plots"]) == 1

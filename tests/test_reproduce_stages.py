@@ -1017,7 +1017,7 @@ def _done_duplex_stages(run_dir: Path, records: dict) -> dict:
 
 
 def test_duplex_json_of_the_harness_gives_the_claim_figures(tmp_path):
-    """suite.duplex writes duplex.json (schema duplexcadence.duplex/1); the claims read the one-session
+    """suite.duplex writes duplex.json (schema duplexcadence.duplex/2; /1 before); the claims read the one-session
     run's mean / p99 SPEAK time as % over the cadence, its miss rate, and the zero-miss session count.
     Here from a legacy both-mode `duplex` stage, which an older run folder may hold."""
     runs = lambda frac, p99, misses, best: {"max_zero_miss_sessions": best, "runs": [  # noqa: E731
@@ -1031,6 +1031,21 @@ def test_duplex_json_of_the_harness_gives_the_claim_figures(tmp_path):
     assert d["modes"]["cadence"]["speak_vs_period_pct_p99"] == pytest.approx(-80.0)
     assert d["modes"]["stock"]["miss_rate"] == 0.4 and d["modes"]["cadence"]["max_sessions_zero_miss"] == 12
     assert d["files"] == ["w.duplex/duplex.json"]
+
+
+def test_the_claims_read_a_unit_table_as_they_read_rows(tmp_path):
+    """suite.duplex writes each run's units as one table (suite.duplex.pack_units); the report's figures
+    and the stock == cadence check through suite.duplex_merge are the same as from rows of objects."""
+    rows = claims.duplex_figures(_done_duplex_stages(tmp_path / "rows", {
+        "duplex_stock": duplex_part("w", "stock"), "duplex_cadence": duplex_part("w", "cadence")}), "w")
+    table = claims.duplex_figures(_done_duplex_stages(tmp_path / "table", {
+        "duplex_stock": duplex.pack_units(duplex_part("w", "stock")),
+        "duplex_cadence": duplex.pack_units(duplex_part("w", "cadence", ("u0", "X", "u2")))}), "w")
+    assert table["cadence_equals_stock"] is False                # the hashes were resolved, and compared
+    table = claims.duplex_figures(_done_duplex_stages(tmp_path / "same", {
+        "duplex_stock": duplex.pack_units(duplex_part("w", "stock")),
+        "duplex_cadence": duplex.pack_units(duplex_part("w", "cadence"))}), "w")
+    assert table == {**rows, "files": table["files"]} and table["cadence_equals_stock"] is True
 
 
 def _mode_runs(best: int | None, counts_misses: list[tuple[int, int]]) -> dict:
