@@ -566,8 +566,9 @@ def session_ratio(stock: dict | None, cadence: dict | None) -> str:
         return DASH
     if s_lo == s_hi and c_lo == c_hi:
         return f"{c_lo / s_lo:.1f}x"
-    low = c_lo / s_hi if s_hi else None
-    high = c_hi / s_lo if c_hi is not None else None
+    # a bound is rounded outwards (8/3 is ">= 2.6x", not 2.7), so the printed range holds the true one
+    low = math.floor(10 * c_lo / s_hi + 1e-9) / 10 if s_hi else None
+    high = math.ceil(10 * c_hi / s_lo - 1e-9) / 10 if c_hi is not None else None
     if low is not None and high is not None:
         return f"{low:.1f}-{high:.1f}x"
     if low is not None:

@@ -1064,7 +1064,11 @@ def _mode_runs(best: int | None, counts_misses: list[tuple[int, int]]) -> dict:
                  ("2 (3 missed 6/180)", "26 (27 missed 1/1620)"), "13.0x", id="both-exact"),
     # cadence never missed: a lower bound on the ratio
     pytest.param((2, [(1, 0), (2, 0), (4, 26)]), (8, [(1, 0), (8, 0)]),
-                 ("2 (4 missed 26/240: limit 2-3)", "8 (largest tried)"), ">= 2.7x", id="cadence-lower-bound"),
+                 ("2 (4 missed 26/240: limit 2-3)", "8 (largest tried)"), ">= 2.6x", id="cadence-lower-bound"),
+    # a range rounded outwards: 32/7 = 4.57 -> 4.5, 47/4 = 11.75 -> 11.8
+    pytest.param((4, [(1, 0), (4, 0), (8, 453)]), (32, [(1, 0), (32, 0), (48, 2617)]),
+                 ("4 (8 missed 453/480: limit 4-7)", "32 (48 missed 2617/2880: limit 32-47)"), "4.5-11.8x",
+                 id="range-rounded-outwards"),
     # neither missed
     pytest.param((4, [(1, 0), (4, 0)]), (32, [(1, 0), (32, 0)]),
                  ("4 (largest tried)", "32 (largest tried)"), "8.0x (of two lower bounds)", id="two-lower-bounds"),
