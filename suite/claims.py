@@ -160,18 +160,22 @@ def duplex_figures(entries: dict, workload: str | None = None) -> dict | None:
     pct = (lambda f: None if f is None else 100.0 * (f - 1.0))  # noqa: E731
     modes = {}
     for mode, m in w.get("modes", {}).items():
-        solo = next((r for r in m.get("runs", []) if r.get("sessions") == 1 and not r.get("refused")), None)
-        met = (solo or {}).get("metrics", {})
+        runs = [r for r in m.get("runs") or [] if isinstance(r, dict) and type(r.get("sessions")) is int]
+        solo = next((r for r in runs if r["sessions"] == 1 and not r.get("refused")), None)
+        met = (solo or {}).get("metrics") or {}
         best = m.get("max_zero_miss_sessions")
-        missed = sorted((r for r in m.get("runs", []) if not r.get("refused") and r.get("sessions") is not None
-                         and (r.get("metrics") or {}).get("misses") and r["sessions"] > (best or 0)),
+        # the first count above the best that missed a unit or was refused (admission: not enough memory)
+        missed = sorted((r for r in runs if r["sessions"] > (best or 0)
+                         and (r.get("refused") or (r.get("metrics") or {}).get("misses"))),
                         key=lambda r: r["sessions"])
         modes[mode] = {"speak_vs_period_pct_mean": pct(met.get("speak_frac_mean")),
                        "speak_vs_period_pct_p99": pct(met.get("speak_frac_p99")),
                        "miss_rate": met.get("miss_rate"),
                        "max_sessions_zero_miss": best,
-                       "first_missed": ({"sessions": missed[0]["sessions"], "misses": missed[0]["metrics"]["misses"],
-                                         "units": missed[0]["metrics"].get("units_run")} if missed else None),
+                       "first_missed": ({"sessions": missed[0]["sessions"], "refused": bool(missed[0].get("refused")),
+                                         "misses": (missed[0].get("metrics") or {}).get("misses"),
+                                         "units": (missed[0].get("metrics") or {}).get("units_run")}
+                                        if missed else None),
                        "seconds": record.get("parameters", {}).get("seconds"), "ar": w.get("ar")}
     return {"modes": modes, "files": files, "cadence_equals_stock": w.get("cadence_equals_stock"),
             "verdict": record.get("verdict"), "error": None, "marks": marks}
@@ -202,12 +206,34 @@ def load_reference(path: str | Path) -> dict[str, dict]:
     path = Path(path)
     if (path / "stages.json").is_file():
         data = load(path)
+        unread = [f"{w}.verify" for w, h in data["workloads"].items()
+                  if h.get("verify", {}).get("state", {}).get("status") == "done" and not h["verify"].get("record")]
+        if unread:
+            raise ValueError(f"reference run {path}: stage {unread[0]} is done but its run.json is missing or "
+                             f"not JSON")
         return {w: h["verify"]["record"] for w, h in data["workloads"].items()
                 if h.get("verify", {}).get("record")}
     rec = _json(path / "run.json")
     if rec is None:
-        raise FileNotFoundError(f"--compare {path}: neither stages.json nor run.json there")
-    return {rec["workload"]["name"]: rec}
+        what = "not JSON" if (path / "run.json").is_file() else "neither stages.json nor run.json there"
+        raise FileNotFoundError(f"reference run {path}: {what}")
+    name = (rec.get("workload") or {}).get("name") if isinstance(rec, dict) else None
+    if not isinstance(name, str) or not isinstance(rec.get("modes"), dict):
+        raise ValueError(f"reference run {path}/run.json: expected a run record (workload.name, modes), got "
+                         f"{json.dumps(rec)[:80]}")
+    return {name: rec}
+
+
+def resolve_reference(ref: str | Path, run_dir: Path) -> Path:
+    """A recorded reference folder as a path that exists: as given (relative to the working directory, as
+    `make reproduce` records it, e.g. results/2026-12-01-h200-reproduce-9), else the folder of that name beside
+    run_dir (a report rebuilt from another directory, or a copied results tree); as given when neither is
+    there (load_reference then names it)."""
+    path = Path(ref)
+    if path.exists():
+        return path
+    beside = Path(run_dir).parent / path.name
+    return beside if path.name and beside.exists() else path
 
 
 # --- figures from records ------------------------------------------------------------------------
@@ -542,6 +568,8 @@ def session_limit(fig: dict | None) -> tuple[int | None, int | None]:
     (the limit was not found). lo == hi: the limit itself (the counts were consecutive there)."""
     fig = fig or {}
     lo, first = fig.get("max_sessions_zero_miss"), fig.get("first_missed")
+    if lo is None and first and first["sessions"] == 1:
+        lo = 0                                          # one session alone already missed
     return lo, (first["sessions"] - 1 if first else None)
 
 
@@ -553,14 +581,15 @@ def _limit_cell(fig: dict | None) -> str:
     first = (fig or {}).get("first_missed")
     if not first:
         return f"{lo} (largest tried)"
-    miss = f"{first['sessions']} missed {first['misses']}/{first['units'] if first['units'] is not None else '?'}"
+    miss = (f"{first['sessions']} refused (memory)" if first.get("refused") else
+            f"{first['sessions']} missed {first['misses']}/{first['units'] if first['units'] is not None else '?'}")
     return f"{lo} ({miss})" if hi == lo else f"{lo} ({miss}: limit {lo}-{hi})"
 
 
 def session_ratio(stock: dict | None, cadence: dict | None) -> str:
     """The cadence / stock session-limit ratio from the two brackets (`session_limit`): exact where both
-    limits are, else its range ('0.5-12.5x'), a bound ('>= 4.0x') or, where neither limit was found, the
-    ratio of the two lower bounds, marked so."""
+    limits are, else its range ('0.5-12.5x'), a bound ('>= 4.0x'), or a dash where neither limit was found
+    (two lower bounds bound no ratio)."""
     (s_lo, s_hi), (c_lo, c_hi) = session_limit(stock), session_limit(cadence)
     if not s_lo or c_lo is None:
         return DASH
@@ -575,7 +604,7 @@ def session_ratio(stock: dict | None, cadence: dict | None) -> str:
         return f">= {low:.1f}x"
     if high is not None:
         return f"<= {high:.1f}x"
-    return f"{c_lo / s_lo:.1f}x (of two lower bounds)"
+    return f"{DASH} (both limits above the counts tried: >= {c_lo} vs >= {s_lo})"
 
 
 def sessions_table(data: dict) -> str:
@@ -972,25 +1001,48 @@ def _verdicts(state: dict) -> str:
             + ".")
 
 
-def write(run_dir: str | Path, compare: list[str] | None = None, results_root: str | Path | None = None) -> Path:
-    """Load the staged run, draw the plots, write REPORT.md; returns its path. compare: reference run
-    folders (default: those recorded in stages.json). Raises FileNotFoundError (missing stages.json or
-    reference) and ValueError (a malformed record), before writing anything."""
+def prepare(run_dir: str | Path, compare: list[str] | None = None,
+            results_root: str | Path | None = None) -> tuple:
+    """Load the staged run and its references and render the report in memory, writing nothing: what
+    `write` checks first. Returns (data, refs, root). Raises FileNotFoundError (missing stages.json or
+    reference) and ValueError (a malformed record or reference; TypeError, KeyError and AttributeError
+    from a record of the wrong shape are raised as ValueError naming the folder)."""
     run_dir = Path(run_dir)
     data = load(run_dir)
     refs: dict[str, list] = {}
     folders, seen = [], set()
     for ref in (compare if compare is not None else data["state"].get("compare", [])):
-        if Path(ref).resolve() not in seen:            # a folder named twice is one reference, not two
-            seen.add(Path(ref).resolve())
-            folders.append(ref)
-    names = [Path(ref).name or str(ref) for ref in folders]
+        path = resolve_reference(ref, run_dir)
+        if path.resolve() not in seen:                 # a folder named twice is one reference, not two
+            seen.add(path.resolve())
+            folders.append((ref, path))
+    names = [Path(ref).name or str(ref) for ref, _ in folders]
     unique = len(set(names)) == len(names)             # else label each by the path as given
-    for ref, name in zip(folders, names):
-        for w, rec in load_reference(ref).items():
+    for (ref, path), name in zip(folders, names):
+        if path.resolve() == run_dir.resolve():
+            raise ValueError(f"reference run {ref}: it is the run itself ({run_dir})")
+        try:
+            loaded = load_reference(path)
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"reference run {ref}: a record of the wrong shape ({type(exc).__name__}: {exc})") \
+                from None
+        for w, rec in loaded.items():
             refs.setdefault(w, []).append((name if unique else str(ref), rec))
     root = Path(results_root) if results_root is not None else run_dir.parent
-    render(data, refs, [], root)       # a malformed record fails here, before any plot is rewritten
+    try:
+        render(data, refs, [], root)   # a malformed record fails here, before any plot is rewritten
+    except (TypeError, KeyError, AttributeError, StopIteration) as exc:
+        raise ValueError(f"{run_dir}: a record of the wrong shape in the run or its references "
+                         f"({type(exc).__name__}: {exc})") from None
+    return data, refs, root
+
+
+def write(run_dir: str | Path, compare: list[str] | None = None, results_root: str | Path | None = None) -> Path:
+    """Load the staged run, draw the plots, write REPORT.md; returns its path. compare: reference run
+    folders (default: those recorded in stages.json; `resolve_reference`). Raises as `prepare` does, before
+    writing anything."""
+    run_dir = Path(run_dir)
+    data, refs, root = prepare(run_dir, compare, results_root)
     written = plots(data, run_dir)
     path = run_dir / "REPORT.md"
     path.write_text(render(data, refs, written, root))

@@ -328,17 +328,29 @@ def unpack_units(record: dict) -> dict:
     """In place: every run's unit table (`pack_units`) back to a list of {column: value} rows (a key with
     null for a row that lacked it; interned columns resolved through the record's `unit_hashes`, which is
     then dropped); a list (records written before the table, results/ up to 2026-12-01-h200-reproduce-9) is
-    kept. Returns the record. Raises ValueError naming the run for a table whose rows do not match its
-    columns or whose interned value is not a position in `unit_hashes`."""
-    hashes = record.get("unit_hashes") or []
+    kept. Returns the record. Raises ValueError naming the run for a table not shaped as pack_units writes
+    it: columns distinct strings, `interned` a list of INTERNED_COLUMNS among them, rows of one value per
+    column, an interned value a position (an int, not a bool) in `unit_hashes`, a list of strings."""
+    hashes = record.get("unit_hashes", [])
+    if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+        raise ValueError(f"'unit_hashes': expected a list of sha256 strings, got {json.dumps(hashes)[:60]}")
     for run in _runs(record):
         units = run.get("units")
-        if not isinstance(units, dict):
+        if units is None or isinstance(units, list):     # none: a refused run measured no unit
             continue
         where = f"run N={run.get('sessions')} {run.get('mode')}: 'units'"
-        cols, rows, interned = units.get("columns"), units.get("rows"), units.get("interned") or []
-        if not isinstance(cols, list) or not isinstance(rows, list) or any(
-                not isinstance(r, list) or len(r) != len(cols) for r in rows):
+        if not isinstance(units, dict):
+            raise ValueError(f"{where}: expected a table {{'columns', 'rows', 'interned'}} or a list of rows, "
+                             f"got {type(units).__name__}")
+        cols, rows, interned = units.get("columns"), units.get("rows"), units.get("interned")
+        if (not isinstance(cols, list) or not all(isinstance(c, str) for c in cols)
+                or len(set(cols)) != len(cols)):
+            raise ValueError(f"{where}: 'columns': expected distinct strings, got {json.dumps(cols)[:60]}")
+        if (not isinstance(interned, list) or not all(isinstance(c, str) for c in interned)
+                or not set(interned) <= set(cols) & set(INTERNED_COLUMNS)):
+            raise ValueError(f"{where}: 'interned': expected a list of columns among {list(INTERNED_COLUMNS)}, "
+                             f"got {json.dumps(interned)[:60]}")
+        if not isinstance(rows, list) or any(not isinstance(r, list) or len(r) != len(cols) for r in rows):
             raise ValueError(f"{where}: expected {{'columns': [...], 'rows': [[one value per column], ...]}}")
         at = [i for i, c in enumerate(cols) if c in interned]
         out = []
@@ -346,9 +358,10 @@ def unpack_units(record: dict) -> dict:
             row = list(r)
             for i in at:
                 if row[i] is not None:
-                    if not isinstance(row[i], int) or not 0 <= row[i] < len(hashes):
+                    if type(row[i]) is not int or not 0 <= row[i] < len(hashes):
+                        span = f"0-{len(hashes) - 1}" if hashes else "none: unit_hashes is empty or missing"
                         raise ValueError(f"{where}: column {cols[i]!r} holds {row[i]!r}, expected a position in "
-                                         f"unit_hashes (0-{len(hashes) - 1})")
+                                         f"unit_hashes ({span})")
                     row[i] = hashes[row[i]]
             out.append(dict(zip(cols, row)))
         run["units"] = out

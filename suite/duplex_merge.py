@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:          # JSONDecodeError, UnicodeDecodeError
             return fail(f"{f}: not JSON ({exc})")
         try:
-            if isinstance(rec, dict):
+            if isinstance(rec, dict) and rec.get("schema") in READ_SCHEMAS and not shape_error(rec):
                 unpack_units(rec)          # units as one table (suite.duplex.pack_units) -> rows of objects
-        except ValueError as exc:
+        except (ValueError, TypeError, AttributeError) as exc:
             return fail(f"{f}: {exc}: not a suite.duplex record")
         if not isinstance(rec, dict):
             return fail(f"{f}: expected a JSON object (a suite.duplex record), got {type(rec).__name__}")
@@ -141,15 +141,20 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
     except KeyError as exc:
         return fail(f"a record lacks key {exc}: not a complete suite.duplex record")
+    except (TypeError, AttributeError) as exc:
+        return fail(f"a record of the wrong shape ({type(exc).__name__}: {exc}): not a suite.duplex record")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return fail(f"--out {args.out}: cannot make the folder ({exc.strerror or exc})")
     if not args.no_plots:
         from suite.duplex_plot import plot_all
         record["plots"] = plot_all(record, out)
     write_record(out / "duplex.json", record)             # compact, units as a table, as suite.duplex
     for name, w in record["workloads"].items():
         for mode, m in w["modes"].items():
-            print(f"{name} {mode}: max sessions with zero misses = {m['max_zero_miss_sessions']}")
+            print(f"{name} {mode}: max sessions with zero misses = {m.get('max_zero_miss_sessions')}")
     print(f"verdict {record['verdict']}" + (f": {record['invalid_reasons']}" if record["invalid_reasons"] else ""))
     return 0 if record["verdict"] == "VALID" else 1
 

@@ -70,24 +70,31 @@ def write_results(result, out_root: str | Path = "results", *, name: str | None 
     return folder
 
 
-def rebuild(folder: str | Path, compare: list[str] | None = None) -> Path:
-    """Re-render folder/REPORT.md from folder/run.json, or, for a staged reproduction (folder/stages.json),
-    the merged report from its stages (suite.claims.write). compare: reference run folders for a staged
-    reproduction (suite.reproduce --compare): checked, recorded in its stages.json (so later rebuilds keep
-    them; none given keeps what is recorded), rendered beside it. Raises FileNotFoundError naming the file
-    or reference, ValueError for compare on a single run's folder (it has no reference section)."""
+def _record_compare(folder: Path, compare: list[str]) -> None:
+    """Set stages.json's `compare` list, atomically, touching nothing else in it (not suite.stages.State,
+    whose open() would mark a stage of a live sitting interrupted)."""
+    path = folder / "stages.json"
+    data = json.loads(path.read_text())
+    data["compare"] = list(dict.fromkeys(str(c) for c in compare))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def _prepare(folder: str | Path, compare: list[str] | None):
+    """Check one folder's report can be rebuilt, writing nothing; returns the call that writes it. Raises
+    as `rebuild`."""
     folder = Path(folder)
     if (folder / "stages.json").is_file():
-        from suite import claims, stages
+        from suite import claims
 
-        if compare:
-            for ref in compare:
-                claims.load_reference(ref)          # a missing or unreadable reference fails before any write
-            data = json.loads((folder / "stages.json").read_text())
-            state = stages.State.open(folder, data.get("options"), resume=True)
-            state.data["compare"] = list(dict.fromkeys(compare))
-            state.save()
-        return claims.write(folder)
+        claims.prepare(folder, compare)                 # the run, its references, the render: all in memory
+
+        def write() -> Path:
+            if compare:
+                _record_compare(folder, compare)
+            return claims.write(folder)
+        return write
     path = folder / "run.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder}: neither stages.json nor run.json there (expected a folder written by "
@@ -95,9 +102,28 @@ def rebuild(folder: str | Path, compare: list[str] | None = None) -> Path:
     if compare:
         raise ValueError(f"--compare {' '.join(compare)}: only for a staged reproduction (a folder with "
                          f"stages.json); {folder} holds a single run (run.json)")
-    record = json.loads(path.read_text())
-    (folder / "REPORT.md").write_text(render(record))
-    return folder / "REPORT.md"
+    try:
+        record = json.loads(path.read_text())
+        text = render(record)
+    except ValueError as exc:                           # JSONDecodeError
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a run record ({type(exc).__name__}: {exc})") from None
+
+    def write() -> Path:
+        (folder / "REPORT.md").write_text(text)
+        return folder / "REPORT.md"
+    return write
+
+
+def rebuild(folder: str | Path, compare: list[str] | None = None) -> Path:
+    """Re-render folder/REPORT.md from folder/run.json, or, for a staged reproduction (folder/stages.json),
+    the merged report from its stages (suite.claims.write). compare: reference run folders for a staged
+    reproduction (suite.reproduce --compare): checked, recorded in its stages.json (so later rebuilds keep
+    them; none given keeps what is recorded), rendered beside it. Nothing is written unless the report
+    renders. Raises FileNotFoundError naming the file or reference, ValueError for a malformed record or
+    reference, or compare on a single run's folder (it has no reference section)."""
+    return _prepare(folder, compare)()
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -368,12 +394,15 @@ def main(argv: list[str] | None = None) -> int:
               "e.g. `make report ARGS=results/<run>` or `python -m suite.report results/<run>` "
               "(nothing was rebuilt)", file=sys.stderr)
         return 2
-    for folder in args.folders:
+    writers = []
+    for folder in args.folders:                          # every folder checked before any is written
         try:
-            print(f"wrote {rebuild(folder, args.compare)}")
-        except (FileNotFoundError, ValueError) as exc:     # ValueError: suite.stages.StateError
-            print(f"error: {exc}", file=sys.stderr)
+            writers.append(_prepare(folder, args.compare))
+        except (FileNotFoundError, ValueError) as exc:   # ValueError: suite.stages.StateError
+            print(f"error: {exc} (nothing was rebuilt)", file=sys.stderr)
             return 1
+    for write in writers:
+        print(f"wrote {write()}")
     return 0
 
 

@@ -218,7 +218,7 @@ def skip_reason(workload, harness: str) -> str | None:
 
 def device_type(device: str) -> str:
     """'cuda', 'cuda:1' -> 'cuda'; anything else -> 'cpu' (the keys of BUDGET_S and DEFAULT_HARNESSES)."""
-    return "cuda" if str(device).startswith("cuda") else "cpu"
+    return "cuda" if device == "cuda" or str(device).startswith("cuda:") else "cpu"
 
 
 def unselected(state_data: dict, workload_names: list[str] | None = None) -> list[str]:
@@ -234,7 +234,8 @@ def unselected(state_data: dict, workload_names: list[str] | None = None) -> lis
     have = state_data.get("stages") or {}
     names = list(dict.fromkeys([*(workload_names or []), *(st.get("workload") for st in have.values()
                                                            if st.get("harness") in HARNESSES)]))
-    return [f"{w}.{h}" for w in names for h in DEFAULT_HARNESSES[kind] if f"{w}.{h}" not in have]
+    done = {(st.get("workload"), st.get("harness")) for st in have.values()}
+    return [f"{w}.{h}" for w in names for h in DEFAULT_HARNESSES[kind] if (w, h) not in done]
 
 
 def plan(workload_names: list[str], harnesses: list[str], device_type: str, *,
@@ -317,10 +318,17 @@ def check_data(data, path) -> None:
     status each, `sittings` a list."""
     if not isinstance(data, dict):
         raise StateError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if data.get("schema") != SCHEMA:
+        raise StateError(f"{path}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
     if not isinstance(data.get("stages", {}), dict):
         raise StateError(f"{path}: 'stages': expected an object, got {type(data['stages']).__name__}")
     if not isinstance(data.get("sittings", []), list):
         raise StateError(f"{path}: 'sittings': expected a list, got {type(data['sittings']).__name__}")
+    opts = data.get("options")
+    if not isinstance(opts, dict) or not isinstance(opts.get("device"), str):
+        # the device decides what the run is judged against (`unselected`): without it a CUDA run read complete
+        raise StateError(f"{path}: 'options': expected an object with the run's 'device' (as suite.reproduce "
+                         f"writes it), got {json.dumps(opts)[:80]}")
     known = {f.name for f in fields(StageState)}
     for name, st in data.get("stages", {}).items():
         if not isinstance(st, dict):

@@ -234,11 +234,21 @@ def test_unit_table_gives_the_rows_back_and_stores_each_hash_once():
     assert duplex.pack_units(packed) == packed                               # a table is kept
 
 
+def _set_hash(t: dict, value) -> None:
+    t["rows"][0][t["columns"].index("sha256_f32")] = value
+
+
 @pytest.mark.parametrize("mutate, match", [
     (lambda t: t["rows"][0].pop(), "one value per column"),
     (lambda t: t.update(rows={}), "one value per column"),
-    (lambda t: t["rows"][0].__setitem__(t["columns"].index("sha256_f32"), 99), "position in unit_hashes"),
-    (lambda t: t["rows"][0].__setitem__(t["columns"].index("sha256_f32"), "u0-f32"), "position in unit_hashes"),
+    (lambda t: _set_hash(t, 99), "position in unit_hashes"),
+    (lambda t: _set_hash(t, "u0-f32"), "position in unit_hashes"),
+    (lambda t: _set_hash(t, True), "position in unit_hashes"),           # a bool is no position
+    (lambda t: t.pop("interned"), "'interned'"),
+    (lambda t: t.update(interned="sha256_f32"), "'interned'"),
+    (lambda t: t.update(interned=["index"]), "'interned'"),
+    (lambda t: t["columns"].__setitem__(1, "session"), "distinct strings"),
+    (lambda t: t.update(columns="session"), "distinct strings"),
 ])
 def test_a_mis_shaped_unit_table_is_an_error_naming_the_run(tmp_path, capsys, mutate, match):
     packed = duplex.pack_units(part("stock"))
@@ -270,3 +280,25 @@ def test_cli_merges_a_table_record_with_a_list_record_and_writes_a_table(tmp_pat
     differ = tmp_path / "differ.json"
     differ.write_text(json.dumps(duplex.pack_units(part("cadence", ("u0", "X", "u2")))))
     assert main([str(stock), str(differ), "--out", str(tmp_path / "d"), "--no-plots"]) == 1
+
+
+@pytest.mark.parametrize("hashes", ["abc", {"0": "x"}, 3, [1, 2]])
+def test_unit_hashes_that_are_not_a_list_of_strings_are_an_error(tmp_path, capsys, hashes):
+    packed = {**duplex.pack_units(part("stock")), "unit_hashes": hashes}
+    with pytest.raises(ValueError, match="'unit_hashes': expected a list of sha256 strings"):
+        duplex.unpack_units(json.loads(json.dumps(packed)))
+    bad, good = tmp_path / "bad.json", tmp_path / "good.json"
+    bad.write_text(json.dumps(packed))
+    good.write_text(json.dumps(part("cadence")))
+    assert main([str(bad), str(good), "--out", str(tmp_path / "m"), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.json" in err and not (tmp_path / "m").exists()
+
+
+def test_cli_out_under_a_file_is_one_line_error(tmp_path, capsys):
+    paths = write_parts(tmp_path)
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    assert main([*paths, "--out", str(f / "sub"), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and f.read_text() == "x"

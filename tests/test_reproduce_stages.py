@@ -618,7 +618,7 @@ def test_stage_outputs_merge_into_one_report(fake_registry, clean_tree, tmp_path
     assert "+13.2%" in speak and "-41.5%" in speak and "+30.0% / -20.0%" in speak
     assert "duplex (fake.duplex_stock/duplex.json, fake.duplex_cadence/duplex.json)" in speak
     assert "one session alone, cadence == stock: yes" in speak
-    assert "| 3 " in _section(text, "Sessions per GPU") and "8.3x" in _section(text, "Sessions per GPU")
+    assert "| 3 " in _section(text, "Sessions per GPU") and ">= 25 vs >= 3" in _section(text, "Sessions per GPU")
     assert "| 36 " in _section(text, "Bitwise equality")          # 3 turns x 12 SPEAK units, all compared
     assert (run_dir / "speedup.png").stat().st_size > 0 and "![memory.png](memory.png)" in text
     prov = _section(text, "Provenance")
@@ -867,6 +867,77 @@ def test_make_report_compare_records_the_reference_and_keeps_it(fake_registry, c
     assert len(rows) == 1 and "| ref " in rows[0]
 
 
+def _staged_with_reference(tmp_path):
+    """A CPU staged run folder (fake verify done) and a single-run reference folder beside it."""
+    run_dir = tmp_path / "results" / "run"
+    state = stages.State.open(run_dir, OPTIONS, resume=False)
+    stages.run_plan([stages.Stage("fake", "verify", 100.0)], state, OPTIONS, execute=stages.inline_executor,
+                    log=lambda *_: None)
+    ref = tmp_path / "results" / "ref"
+    ref.mkdir()
+    (ref / "run.json").write_text((run_dir / "fake.verify" / "run.json").read_text())
+    return run_dir, ref
+
+
+def _disk(*folders: Path) -> dict:
+    return {p: p.read_bytes() for f in folders for p in sorted(f.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("spoil, args, match", [
+    # a reference whose record renders wrong: found before stages.json is written
+    (lambda run, ref: (ref / "run.json").write_text(json.dumps({"workload": {"name": "fake"}, "modes": []})),
+     lambda run, ref: [str(run), "--compare", str(ref)], "reference run"),
+    (lambda run, ref: (ref / "run.json").write_text("[]"), lambda run, ref: [str(run), "--compare", str(ref)],
+     "expected a run record"),
+    (lambda run, ref: (ref / "run.json").write_text("{"), lambda run, ref: [str(run), "--compare", str(ref)],
+     "not JSON"),
+    # the run itself as its reference
+    (lambda run, ref: None, lambda run, ref: [str(run), "--compare", str(run)], "it is the run itself"),
+    # several folders: the second fails, so the first is not rebuilt either
+    (lambda run, ref: None, lambda run, ref: [str(run), str(ref.parent / "nope"), "--compare", str(ref)],
+     "neither stages.json nor run.json"),
+])
+def test_report_compare_that_fails_changes_nothing(fake_registry, clean_tree, tmp_path, capsys,  # noqa: F811
+                                                     spoil, args, match):
+    run_dir, ref = _staged_with_reference(tmp_path)
+    spoil(run_dir, ref)
+    before = _disk(run_dir, ref)
+    assert report.main(args(run_dir, ref)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err and "nothing was rebuilt" in err
+    assert _disk(run_dir, ref) == before
+
+
+def test_report_compare_leaves_a_running_stage_alone_and_finds_a_moved_reference(
+        fake_registry, clean_tree, tmp_path, monkeypatch):  # noqa: F811
+    """Recording a reference only sets `compare` (suite.stages.State.open would mark a stage of a live
+    sitting interrupted); a relative reference that is not there from the working directory is looked up
+    beside the run folder (a report rebuilt from elsewhere)."""
+    run_dir, ref = _staged_with_reference(tmp_path)
+    data = json.loads((run_dir / "stages.json").read_text())
+    data["stages"]["fake.verify"]["status"] = "running"
+    (run_dir / "stages.json").write_text(json.dumps(data))
+    monkeypatch.chdir(tmp_path)
+    assert report.main([str(run_dir), "--compare", "results/ref"]) == 0
+    after = json.loads((run_dir / "stages.json").read_text())
+    assert after["stages"] == data["stages"] and after["compare"] == ["results/ref"]
+    monkeypatch.chdir(run_dir)                                   # results/ref is not there from here
+    assert report.main([str(run_dir)]) == 0
+    assert "| ref " in _section((run_dir / "REPORT.md").read_text(), "Against the reference run")
+
+
+def test_a_stages_json_without_the_run_s_device_is_refused(tmp_path):
+    """Without options.device a CUDA run could not be judged against its plan (it read "Complete")."""
+    for options in (None, [], {"steps": None}):
+        data = {"schema": stages.SCHEMA, "sittings": [], "stages": {}, **({} if options is None else
+                                                                          {"options": options})}
+        with pytest.raises(stages.StateError, match="'options': expected an object with the run's 'device'"):
+            stages.check_data(data, "x/stages.json")
+    with pytest.raises(stages.StateError, match="schema"):
+        stages.check_data({"schema": "other/9", "options": OPTIONS}, "x/stages.json")
+    assert stages.device_type("cudagraph-cpu") == "cpu" and stages.device_type("cuda:1") == "cuda"
+
+
 def test_host_state_table_correlates_each_sample_with_the_tail():
     def unit(i, tail, op, sm):
         return {"index": i, "kind": "SPEAK", "measured": True, "tail_ms": tail,
@@ -1048,9 +1119,11 @@ def test_the_claims_read_a_unit_table_as_they_read_rows(tmp_path):
     assert table == {**rows, "files": table["files"]} and table["cadence_equals_stock"] is True
 
 
-def _mode_runs(best: int | None, counts_misses: list[tuple[int, int]]) -> dict:
-    """A mode's duplex record: one run per (sessions, misses), 60 units per session, and its best count."""
+def _mode_runs(best: int | None, counts_misses: list[tuple[int, int | str]]) -> dict:
+    """A mode's duplex record: one run per (sessions, misses or "refused"), 60 units per session, and its
+    best count."""
     return {"max_zero_miss_sessions": best, "runs": [
+        {"sessions": n, "refused": True} if k == "refused" else
         {"sessions": n, "metrics": {"speak_frac_mean": 0.1, "speak_frac_p99": 0.2, "misses": k,
                                     "miss_rate": k / (60 * n), "units_run": 60 * n}} for n, k in counts_misses]}
 
@@ -1071,7 +1144,11 @@ def _mode_runs(best: int | None, counts_misses: list[tuple[int, int]]) -> dict:
                  id="range-rounded-outwards"),
     # neither missed
     pytest.param((4, [(1, 0), (4, 0)]), (32, [(1, 0), (32, 0)]),
-                 ("4 (largest tried)", "32 (largest tried)"), "8.0x (of two lower bounds)", id="two-lower-bounds"),
+                 ("4 (largest tried)", "32 (largest tried)"), "— (both limits above the counts tried: >= 32 vs >= 4)",
+                 id="two-lower-bounds"),
+    # one session alone missed: a limit of 0, shown, not a dash; a refused count bounds the limit as a miss does
+    pytest.param((None, [(1, 3)]), (4, [(1, 0), (4, 0), (8, "refused")]),
+                 ("0 (1 missed 3/60)", "4 (8 refused (memory): limit 4-7)"), claims.DASH, id="zero-and-refused"),
 ])
 def test_sessions_per_gpu_shows_the_bracket_the_counts_tried_put_on_each_limit(tmp_path, stock, cadence, cells,
                                                                              ratio):
@@ -1311,7 +1388,7 @@ def test_a_failed_duplex_stage_still_reports_the_runs_it_measured(tmp_path, end,
     assert "-41.5%" in speak and mark in speak                       # cadence's one-session run, measured
     assert "duplex (w.duplex_stock/duplex.json, w.duplex_cadence/duplex.json)" in speak
     sessions = next(line for line in _section(text, "Sessions per GPU").splitlines() if line.startswith("| w "))
-    assert "| 3 (largest tried) | 25 (largest tried) (PARTIAL) | 8.3x (of two lower bounds) |" in re.sub(r" +\|", " |", sessions) and mark in sessions
+    assert "| 3 (largest tried) | 25 (largest tried) (PARTIAL) | — (both limits above the counts tried: >= 25 vs >= 3) |" in re.sub(r" +\|", " |", sessions) and mark in sessions
     assert "**Incomplete**" in text and "1 PARTIAL (failed after measuring some runs): w.duplex_cadence" in text
     again = DuplexStages()
     run(tmp_path, DUPLEX_PLAN, again, resume=True)
