@@ -841,32 +841,6 @@ def test_compare_keeps_a_row_per_reference_run(fake_registry, clean_tree, tmp_pa
     assert [r.split("|")[2].strip() for r in rows] == [str(tmp_path / "ref-a"), str(tmp_path / "x" / "ref-a")]
 
 
-def test_make_report_compare_records_the_reference_and_keeps_it(fake_registry, clean_tree, tmp_path, capsys):  # noqa: F811
-    """`python -m suite.report RUN --compare REF`: the second run of a tree judged against the first after
-    both came back (reproduce-9-second against reproduce-9); the reference is recorded in stages.json, so a
-    plain rebuild keeps it. A missing reference, or --compare on a single run's folder, is an error that
-    changes nothing."""
-    run_dir = tmp_path / "run"
-    state = stages.State.open(run_dir, OPTIONS, resume=False)
-    stages.run_plan([stages.Stage("fake", "verify", 100.0)], state, OPTIONS, execute=stages.inline_executor,
-                    log=lambda *_: None)
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    (ref / "run.json").write_text((run_dir / "fake.verify" / "run.json").read_text())
-    before = (run_dir / "stages.json").read_text()
-    assert report.main([str(run_dir), "--compare", str(tmp_path / "missing")]) == 1
-    assert "missing" in capsys.readouterr().err and (run_dir / "stages.json").read_text() == before
-    assert report.main([str(ref), "--compare", str(run_dir)]) == 1
-    assert "only for a staged reproduction" in capsys.readouterr().err and not (ref / "REPORT.md").exists()
-    assert not (run_dir / "REPORT.md").exists()                  # neither error wrote a report
-    assert report.main([str(run_dir), "--compare", str(ref)]) == 0
-    assert json.loads((run_dir / "stages.json").read_text())["compare"] == [str(ref)]
-    assert report.main([str(run_dir)]) == 0                      # kept by a plain rebuild
-    rows = [line for line in _section((run_dir / "REPORT.md").read_text(), "Against the reference run").splitlines()
-            if line.startswith("| fake")]
-    assert len(rows) == 1 and "| ref " in rows[0]
-
-
 def _staged_with_reference(tmp_path):
     """A CPU staged run folder (fake verify done) and a single-run reference folder beside it."""
     run_dir = tmp_path / "results" / "run"
@@ -881,6 +855,26 @@ def _staged_with_reference(tmp_path):
 
 def _disk(*folders: Path) -> dict:
     return {p: p.read_bytes() for f in folders for p in sorted(f.rglob("*")) if p.is_file()}
+
+
+def test_make_report_compare_records_the_reference_and_keeps_it(fake_registry, clean_tree, tmp_path, capsys):  # noqa: F811
+    """`python -m suite.report RUN --compare REF`: the second run of a tree judged against the first after
+    both came back (reproduce-9-second against reproduce-9); the reference is recorded in stages.json, so a
+    plain rebuild keeps it. A missing reference, or --compare on a single run's folder, is an error that
+    changes nothing."""
+    run_dir, ref = _staged_with_reference(tmp_path)
+    before = (run_dir / "stages.json").read_text()
+    assert report.main([str(run_dir), "--compare", str(tmp_path / "missing")]) == 1
+    assert "missing" in capsys.readouterr().err and (run_dir / "stages.json").read_text() == before
+    assert report.main([str(ref), "--compare", str(run_dir)]) == 1
+    assert "only for a staged reproduction" in capsys.readouterr().err and not (ref / "REPORT.md").exists()
+    assert not (run_dir / "REPORT.md").exists()                  # neither error wrote a report
+    assert report.main([str(run_dir), "--compare", str(ref)]) == 0
+    assert json.loads((run_dir / "stages.json").read_text())["compare"] == [str(ref)]
+    assert report.main([str(run_dir)]) == 0                      # kept by a plain rebuild
+    rows = [line for line in _section((run_dir / "REPORT.md").read_text(), "Against the reference run").splitlines()
+            if line.startswith("| fake")]
+    assert len(rows) == 1 and "| ref " in rows[0]
 
 
 @pytest.mark.parametrize("spoil, args, match", [
