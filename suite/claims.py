@@ -338,9 +338,14 @@ def _pct(new, old):
     return None if new is None or not old else 100.0 * (new - old) / old
 
 
-def _paper(wl_entries: dict, text: str) -> str:
+def _paper(workload: str, wl_entries: dict, text: str) -> str:
+    """`text` (the published figure) for MiniCPM-o's architecture, else a dash saying why. The architecture
+    comes from the workload's records, or from the registry (workloads.get) when this run has none of it."""
     rec = _any_record(wl_entries)
     arch = (rec or {}).get("workload", {}).get("architecture")
+    if arch is None:
+        import workloads
+        arch = workloads.get(workload).architecture if workload in workloads.names() else None
     return text if arch == FLOW_HIFT else f"{DASH} (published for MiniCPM-o only)"
 
 
@@ -374,13 +379,13 @@ def speedup_table(data: dict) -> str:
         sp = speedup(rec)
         steps = (rec or {}).get("parameters", {}).get("euler_steps")
         if sp is None:
-            rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"), DASH, DASH,
+            rows.append([w, _f(steps), _paper(w, e, f"{PUBLISHED['speedup_x']:.2f}x"), DASH, DASH,
                          f"not measured ({_status(e, 'verify')})", DASH, DASH, DASH, DASH, DASH, DASH])
             continue
         timed = e["verify"].get("timed")
         s, c = sp["stock"], sp["cadence"]
         ms, mc = (rec["modes"][m]["metrics"] for m in ("stock", "cadence"))
-        rows.append([w, _f(steps), _paper(e, f"{PUBLISHED['speedup_x']:.2f}x"),
+        rows.append([w, _f(steps), _paper(w, e, f"{PUBLISHED['speedup_x']:.2f}x"),
                      f"{s[1]:.1f} [{s[0]:.1f}-{s[2]:.1f}]", f"{c[1]:.1f} [{c[0]:.1f}-{c[2]:.1f}]",
                      f"{sp['x']:.2f}x [{sp['lo']:.2f}-{sp['hi']:.2f}] ({sp['band']})", str(sp["units"]),
                      f"{_f(ms.get('kernel_launches_per_unit_p50'), '.0f')} -> "
@@ -488,7 +493,7 @@ def memory_table(data: dict) -> str:
         m = memory_figures(e)
         s, c = m.get("stock", {}), m.get("cadence", {})
         change = _pct(c.get("peak"), s.get("peak"))
-        rows.append([w, _paper(e, f"{PUBLISHED['peak_memory_change_pct']:+.1f}%"), _f(s.get("peak")),
+        rows.append([w, _paper(w, e, f"{PUBLISHED['peak_memory_change_pct']:+.1f}%"), _f(s.get("peak")),
                      _f(c.get("peak")), DASH if change is None else f"{change:+.1f}%",
                      f"{_f(s.get('alloc'))} / {_f(c.get('alloc'))}", f"{_f(c.get('arena'))} / {_f(c.get('pool'))}",
                      "; ".join(sorted({x["how"] for x in m.values()})) or
@@ -545,7 +550,7 @@ def speak_table(data: dict) -> str:
         d = duplex_figures(e, w)
         if d and d["modes"]:
             s, c = d["modes"].get("stock", {}), d["modes"].get("cadence", {})
-            rows.append([w, _paper(e, paper), _pct_text(s.get("speak_vs_period_pct_mean")),
+            rows.append([w, _paper(w, e, paper), _pct_text(s.get("speak_vs_period_pct_mean")),
                          _pct_text(c.get("speak_vs_period_pct_mean")),
                          " / ".join(_pct_text(m.get("speak_vs_period_pct_p99")) for m in (s, c)),
                          f"{_f(s.get('miss_rate'), '.3f')} / {_f(c.get('miss_rate'), '.3f')}",
@@ -555,7 +560,7 @@ def speak_table(data: dict) -> str:
         ms = (rec or {}).get("modes", {})
         s = ms.get("stock", {}).get("metrics", {}).get("tail_vs_period_pct_p50")
         c = ms.get("cadence", {}).get("metrics", {}).get("tail_vs_period_pct_p50")
-        rows.append([w, _paper(e, paper), _pct_text(s), _pct_text(c), DASH, DASH,
+        rows.append([w, _paper(w, e, paper), _pct_text(s), _pct_text(c), DASH, DASH,
                      f"tail only, p50, no AR stage (verify{_timed_note(e, 'verify', ', ')}); "
                      f"{_duplex_source(e, d) if d else _duplex_status(e)}"])
     return _table(rows, ["workload", "paper (mean SPEAK vs 1 s)", "ours stock", "ours cadence",
@@ -619,7 +624,7 @@ def sessions_table(data: dict) -> str:
         cut = {m for m, mark in (d or {}).get("marks", {}).items() if mark.startswith("PARTIAL")}
         counts = [_limit_cell(f) + (" (PARTIAL)" if m in cut and f else "")    # a lower bound, cut short
                   for m, f in (("stock", fs), ("cadence", fc))]
-        rows.append([w, _paper(e, "more per GPU (no figure)"), target, *counts, ratio,
+        rows.append([w, _paper(w, e, "more per GPU (no figure)"), target, *counts, ratio,
                      _duplex_source(e, d) if d else f"not measured ({_duplex_status(e)})"])
     return _table(rows, ["workload", "paper", "target (issue 7, MiniCPM-o 10 steps)",
                          "stock sessions, 0 misses in 60 s", "cadence sessions",

@@ -1469,3 +1469,12 @@ def test_memory_claims_never_pair_one_memory_stage_with_the_other_modes_verify_f
     assert {x["how"] for x in m.values()} == {"one process per mode; driver (nvml)"}
     assert (m["stock"]["peak"], m["cadence"]["peak"]) == (4800.0, 2000.0)
     assert "0.33 of stock (met)" in claims.session_table({"workloads": {"w": both}})
+
+
+def test_a_workload_with_no_record_in_the_run_keeps_its_published_figure():
+    # the architecture comes from the registry then: a third run without MiniCPM-o's verify read
+    # "— (published for MiniCPM-o only)" on MiniCPM-o's own row (2026-12-01-h200-reproduce-9-third)
+    table = claims.speedup_table({"workloads": {"minicpmo45": {}, "moshi": {}, "not_registered": {}}})
+    rows = {r.split("|")[1].strip(): r.split("|")[3].strip() for r in table.splitlines()[2:]}
+    assert rows["minicpmo45"] == f"{claims.PUBLISHED['speedup_x']:.2f}x"
+    assert rows["moshi"] == rows["not_registered"] == f"{claims.DASH} (published for MiniCPM-o only)"
