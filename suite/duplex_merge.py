@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from suite.duplex import NOT_FINISHED, READ_SCHEMAS, SCHEMA, OneLineParser, record_reasons, unpack_units
@@ -144,13 +146,20 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, AttributeError) as exc:
         return fail(f"a record of the wrong shape ({type(exc).__name__}: {exc}): not a suite.duplex record")
     out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return fail(f"--out {args.out}: cannot make the folder ({exc.strerror or exc})")
-    if not args.no_plots:
-        from suite.duplex_plot import plot_all
-        record["plots"] = plot_all(record, out)
+    with tempfile.TemporaryDirectory(prefix="duplex_merge-") as staging:
+        if not args.no_plots:       # drawn before --out is made: a record that cannot be plotted leaves nothing
+            from suite.duplex_plot import plot_all
+            try:
+                record["plots"] = plot_all(record, Path(staging))
+            except (KeyError, TypeError, ValueError) as exc:
+                return fail(f"the merged record cannot be plotted ({type(exc).__name__}: {exc}): a unit or run lacks "
+                            "a field suite.duplex writes; --no-plots merges without the plots")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return fail(f"--out {args.out}: cannot make the folder ({exc.strerror or exc})")
+        for name in record.get("plots", []):
+            shutil.move(str(Path(staging) / name), str(out / name))
     write_record(out / "duplex.json", record)             # compact, units as a table, as suite.duplex
     for name, w in record["workloads"].items():
         for mode, m in w["modes"].items():

@@ -302,3 +302,28 @@ def test_cli_out_under_a_file_is_one_line_error(tmp_path, capsys):
     assert main([*paths, "--out", str(f / "sub"), "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--out" in err and f.read_text() == "x"
+
+
+def test_a_record_that_cannot_be_plotted_is_an_error_and_makes_no_folder(tmp_path, capsys):
+    paths = write_parts(tmp_path)        # the synthetic runs carry no miss_rate, their units no release times
+    out = tmp_path / "merged"
+    assert main([*paths, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be plotted (KeyError" in err and "--no-plots" in err
+    assert not out.exists()
+
+
+def test_the_plots_land_in_out_beside_the_record(tmp_path):
+    paths = []
+    for mode in ("stock", "cadence"):
+        rec = part(mode)
+        for run in rec["workloads"][WL]["modes"][mode]["runs"]:
+            run["metrics"]["miss_rate"] = 0.0
+            for u in run["units"]:
+                u.update(release_ms=1000.0 * u["index"], speak_ms=80.0 + u["index"])
+        (tmp_path / f"{mode}.json").write_text(json.dumps(rec))
+        paths.append(str(tmp_path / f"{mode}.json"))
+    out = tmp_path / "merged"
+    assert main([*paths, "--out", str(out)]) == 0
+    rec = json.loads((out / "duplex.json").read_text())
+    assert rec["plots"] and sorted(rec["plots"]) == sorted(p.name for p in out.glob("*.png"))
