@@ -112,7 +112,8 @@ DUPLEX_SECONDS = 60
 #: builds the model (~20 s), then per count N runs 60 s; MiniCPM-o DuplexCadence sessions are pooled across the
 #: counts of one process and each needed ~9 s of warm-up (graph rehearsal) when first built, ~5 s at 5175f96
 #: (1,24,26 took 333.6 s in reproduce-8) and ~3.6 s for 5 steps at 47504c7 (1,24,32 took 315.5 s in
-#: reproduce-9); the fit test allows 6 s: counts 1,26,28 build 28 sessions, ~170 s + 3 x 60 s + 20 s ~ 370 s
+#: reproduce-9), but ~6.3 s for 10 steps at 47504c7 (1,20,24,26 took 424.8 s in reproduce-9-third); the fit test
+#: allows 7 s: counts 1,24,25 build 25 sessions, ~175 s + 3 x 60 s + 20 s ~ 375 s
 #: (the old 1,16,24,32 at 9 s ran out of 60s-b's limit at 32); stock MiniCPM-o sessions build in ~1-2 s each (a
 #: model copy each: 1,2,3,4 is 10 sessions + 4 x 60 s); Moshi and Qwen3-Omni DuplexCadence sessions are built
 #: per run at ~1 s each or less (Moshi 1,16,32,48 took 268.8 s in reproduce-9); Step-Audio 2 DuplexCadence
@@ -120,15 +121,17 @@ DUPLEX_SECONDS = 60
 #: 392.3 s; the fit test allows 10 s: 1,8,16 is ~250 s + 3 x 60 s).
 #: Policies: the one that served each mode best on the H200 (MiniCPM-o DuplexCadence on threads, stock on one
 #: thread, edf; suite.duplex's default edf elsewhere). The resulting `max_zero_miss_sessions` is a LOWER BOUND
-#: (the largest count tried with zero misses), not the exact limit: the counts skip values (MiniCPM-o cadence
-#: jumps 1 -> 26 -> 28) and suite.duplex's --bisect, which finds the exact limit, is not used here (its extra 60
-#: s runs would not fit the 560 s).
+#: (the largest count tried with zero misses), not the exact limit where the counts skip values, and
+#: suite.duplex's --bisect, which finds the exact limit, is not used here (its extra 60 s runs would not fit the
+#: 560 s).
 DUPLEX_SESSIONS = {
     "stock": {
         "minicpmo45": ["--sessions", "1,2,3,4", "--policy", "edf"],       # H200: 2 with zero misses, 3 missed
-        # H200: 0 misses at 6 (largest tried, results/2026-11-30-h200-reproduce-8): 8 added to find the end
-        "minicpmo45_5step": ["--sessions", "1,2,4,6,8", "--policy", "edf"],
-        "moshi": ["--sessions", "1,2,4,8"],
+        # H200: 0 misses at 6 (largest tried, results/2026-11-30-h200-reproduce-8, impl 5175f96), then 2 clean
+        # and 4 missed 4/164 (reproduce-9, 47504c7): stock's host-bound time moves; every count up to 6
+        "minicpmo45_5step": ["--sessions", "1,2,3,4,6", "--policy", "edf"],
+        # H200: 4 clean, 8 missed 453/480 (reproduce-8) and 469/480 (reproduce-9): the counts between
+        "moshi": ["--sessions", "1,4,5,6,7"],
         # H200 (reproduce-9): Step-Audio 2 2 clean, 4 missed 26/164 -> 3 decides; Qwen3-Omni 4 clean (largest
         # tried, 21 ms per unit, edf one at a time)
         "stepaudio2_mini": ["--sessions", "1,2,3"],
@@ -138,8 +141,9 @@ DUPLEX_SESSIONS = {
     "cadence": {
         # H200: 26 missed 21/1066 (-e, impl d4464c0) and 4/1066 (reproduce-7, 5cf9e70), then 0/1066 with the
         # stream leases' finalizer queue (reproduce-8, 5175f96), and 46/1066 again at 47504c7 (reproduce-9,
-        # misses 10-25 s into the run): 26 is the edge; consecutive counts below it bracket the limit
-        "minicpmo45": ["--sessions", "1,20,24,26", "--policy", "threads"],
+        # misses 10-25 s into the run), then 24 clean (0/984) and 26 16/1066 at 47504c7 (reproduce-9-third):
+        # 25 decides the limit
+        "minicpmo45": ["--sessions", "1,24,25", "--policy", "threads"],
         # H200: 0 misses at 32 (largest tried, results/2026-12-01-h200-reproduce-9, 315.5 s): 40 next
         "minicpmo45_5step": ["--sessions", "1,32,40", "--policy", "threads"],
         # H200: 32 with zero misses, 48 missed 2617/2880 (reproduce-9; a unit takes ~24.5 ms and edf runs one
