@@ -201,8 +201,14 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         except stages.StateError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(f"joined {len(args.join)} folder(s) into {state.path}: {state.counts()}; "
-              f"report {claims.write(Path(args.run_dir), state.data.get('compare') or None)}")
+        try:
+            report = claims.write(Path(args.run_dir), state.data.get("compare") or None)
+        except (OSError, ValueError) as exc:        # FileNotFoundError: a reference that does not resolve
+            print(f"joined {len(args.join)} folder(s) into {state.path}: {state.counts()}; error: REPORT.md not "
+                  f"rewritten: {exc} (`python -m suite.report {args.run_dir}` from where its references resolve)",
+                  file=sys.stderr)
+            return 1
+        print(f"joined {len(args.join)} folder(s) into {state.path}: {state.counts()}; report {report}")
         return 0
     try:
         device = resolve_device(args.device)

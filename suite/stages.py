@@ -319,7 +319,9 @@ class StateError(ValueError):
 def check_data(data, path) -> None:
     """Raises StateError naming `path` if a stages.json's content is not shaped as State reads it: an object,
     `stages` an object of objects with a workload and a harness, only StageState's fields and a known
-    status each, `sittings` a list."""
+    status each, a stage's `dir` (None or one plain folder name inside the run folder: join copies and
+    replaces it) and its numbers (seconds, budget_s, timeout_s: a number or None), `sittings` a list of
+    objects."""
     if not isinstance(data, dict):
         raise StateError(f"{path}: expected a JSON object, got {type(data).__name__}")
     if data.get("schema") != SCHEMA:
@@ -328,6 +330,9 @@ def check_data(data, path) -> None:
         raise StateError(f"{path}: 'stages': expected an object, got {type(data['stages']).__name__}")
     if not isinstance(data.get("sittings", []), list):
         raise StateError(f"{path}: 'sittings': expected a list, got {type(data['sittings']).__name__}")
+    bad = next((s for s in data.get("sittings", []) if not isinstance(s, dict)), None)
+    if bad is not None:
+        raise StateError(f"{path}: 'sittings': expected a list of objects, got an item {json.dumps(bad)[:40]}")
     opts = data.get("options")
     if not isinstance(opts, dict) or not isinstance(opts.get("device"), str):
         # the device decides what the run is judged against (`unselected`): without it a CUDA run read complete
@@ -344,6 +349,16 @@ def check_data(data, path) -> None:
                                                              f"unknown field(s) {unknown}"))
         if st.get("status", "pending") not in STATUSES:
             raise StateError(f"{path}: stage {name!r}: status {st['status']!r}, expected one of {STATUSES}")
+        d = st.get("dir")
+        if d is not None and not (isinstance(d, str) and d not in ("", ".", "..") and "/" not in d
+                                  and "\\" not in d and "\0" not in d):
+            raise StateError(f"{path}: stage {name!r}: 'dir': expected one folder name inside the run folder "
+                             f"(as the runner writes it, e.g. {name!r}), got {json.dumps(d)[:60]}")
+        for key in ("seconds", "budget_s", "timeout_s"):
+            v = st.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise StateError(f"{path}: stage {name!r}: {key!r}: expected a number or null, "
+                                 f"got {json.dumps(v)[:40]}")
 
 
 class State:
@@ -441,6 +456,9 @@ def _load(run_dir: Path) -> dict:
         raise StateError(f"{path}: no stages.json (expected a reproduction's run folder)") from None
     except ValueError as exc:
         raise StateError(f"{path}: not JSON ({exc})") from None
+    except OSError as exc:                      # a file given for the folder, no permission
+        raise StateError(f"{path}: cannot read ({exc.strerror or exc}; expected a run folder's "
+                         f"stages.json)") from None
     check_data(data, path)
     if data.get("schema") != SCHEMA:
         raise StateError(f"{path}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
@@ -488,13 +506,40 @@ def join(run_dir: Path, others: list[Path]) -> State:
                     raise StateError(f"join: stage {name!r} is done in both {where} and {other}; keep one")
                 continue
             taken[name] = (other, st)
-    for name, (other, st) in taken.items():
-        if st.get("dir"):
+    for name, (other, st) in taken.items():      # every check before the first write
+        if st.get("status") == "done" and st.get("dir") and not (other / st["dir"]).is_dir():
+            raise StateError(f"join: stage {name!r} is done in {other} but its folder {other / st['dir']} is "
+                             f"not there (a done stage's records live in it)")
+        if not other.is_dir():
+            raise StateError(f"join: {other}: expected a run folder")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise StateError(f"join: --run-dir {run_dir}: expected a folder, got a file")
+    staged: list[tuple[Path | None, Path]] = []        # (copy beside run_dir's folder, the folder it replaces)
+    try:                                               # copied first: a failed copy leaves run_dir as it was
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name, (other, st) in taken.items():
+            if not st.get("dir"):
+                continue
             src, dst = other / st["dir"], run_dir / st["dir"]
-            if dst.exists():
-                shutil.rmtree(dst)
+            tmp = None
             if src.is_dir():
-                shutil.copytree(src, dst)
+                tmp = run_dir / f".join-{st['dir']}"
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                shutil.copytree(src, tmp)
+            staged.append((tmp, dst))
+    except OSError as exc:
+        for tmp, _ in staged:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        raise StateError(f"join: cannot copy the stage folders into {run_dir} ({exc.strerror or exc}); "
+                         f"nothing joined") from None
+    for tmp, dst in staged:
+        if dst.exists():
+            shutil.rmtree(dst)
+        if tmp is not None:
+            tmp.rename(dst)
+    for name, (other, st) in taken.items():
         data["stages"][name] = st
     for other, od in loaded:
         data["sittings"] += [{**s, "joined_from": str(other)} for s in od.get("sittings", [])]

@@ -1479,3 +1479,62 @@ def test_a_workload_with_no_record_in_the_run_keeps_its_published_figure():
     rows = {r.split("|")[1].strip(): r.split("|")[3].strip() for r in table.splitlines()[2:]}
     assert rows["minicpmo45"] == f"{claims.PUBLISHED['speedup_x']:.2f}x"
     assert rows["moshi"] == rows["not_registered"] == f"{claims.DASH} (published for MiniCPM-o only)"
+
+
+def _folder_digest(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("edit, match", [
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="../victim"), "'dir': expected one folder name",
+                 id="dir-escapes"),
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="/tmp/x"), "'dir': expected one folder name",
+                 id="dir-absolute"),
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="."), "'dir': expected one folder name",
+                 id="dir-the-run-folder"),
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir=5), "'dir': expected one folder name",
+                 id="dir-a-number"),
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(seconds="abc"), "'seconds': expected a number",
+                 id="seconds-a-string"),
+    pytest.param(lambda d: d.update(sittings=[1, 2]), "'sittings': expected a list of objects",
+                 id="sittings-of-ints"),
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="gone"), "its folder .* is not there",
+                 id="done-without-its-folder"),
+])
+def test_a_join_of_a_crafted_folder_is_refused_and_deletes_nothing(fake_registry, clean_tree, tmp_path,  # noqa: F811
+                                                                  capsys, edit, match):
+    """A helper's attack (2026-12-01): a stage 'dir' of '../victim' made join rmtree a folder outside the
+    run, '.' replaced the run folder, and sittings of ints failed after a stage folder was copied."""
+    ours, theirs, victim = tmp_path / "ours", tmp_path / "theirs", tmp_path / "victim"
+    for folder, harness in ((ours, "memory_stock"), (theirs, "verify")):
+        stages.run_plan([stages.Stage("fake", harness, 100.0)], stages.State.open(folder, OPTIONS, resume=False),
+                        OPTIONS, execute=stages.inline_executor, log=lambda *_: None)
+    (victim / "keep").mkdir(parents=True)
+    data = json.loads((theirs / "stages.json").read_text())
+    edit(data)
+    (theirs / "stages.json").write_text(json.dumps(data))
+    before, kept = _folder_digest(ours), _folder_digest(tmp_path)
+    with pytest.raises(stages.StateError, match=match):
+        stages.join(ours, [theirs])
+    assert reproduce.main(["--run-dir", str(ours), "--join", str(theirs)]) == 2
+    assert "error: " in capsys.readouterr().err
+    assert _folder_digest(ours) == before and _folder_digest(tmp_path) == kept
+
+
+def test_a_join_that_cannot_render_the_report_says_so_in_one_line(fake_registry, clean_tree, tmp_path,  # noqa: F811
+                                                                  capsys):
+    a, b, joined = tmp_path / "a", tmp_path / "b", tmp_path / "joined"
+    for folder, harness in ((a, "verify"), (b, "memory_stock")):
+        stages.run_plan([stages.Stage("fake", harness, 100.0)], stages.State.open(folder, OPTIONS, resume=False),
+                        OPTIONS, execute=stages.inline_executor, log=lambda *_: None)
+    data = json.loads((a / "stages.json").read_text())
+    data["compare"] = ["results/no-such-reference"]          # recorded relative to a root not here
+    (a / "stages.json").write_text(json.dumps(data))
+    assert reproduce.main(["--run-dir", str(joined), "--join", str(a), "--join", str(b)]) == 1
+    err = capsys.readouterr().err
+    assert "REPORT.md not rewritten" in err and "no-such-reference" in err and "Traceback" not in err
+    assert sorted(json.loads((joined / "stages.json").read_text())["stages"]) == ["fake.memory_stock", "fake.verify"]
+    for bad in (a / "stages.json", tmp_path / "nowhere-file"):                 # a file, not a folder
+        bad.touch()
+        with pytest.raises(stages.StateError):
+            stages.join(tmp_path / "new", [bad])
