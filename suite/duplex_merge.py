@@ -39,6 +39,8 @@ def shape_error(rec: dict) -> str | None:
     if not isinstance(rec.get("workloads"), dict):
         return f"'workloads': expected an object, got {type(rec.get('workloads')).__name__}"
     for name, w in rec["workloads"].items():
+        if name in ("", ".", "..") or any(c in name for c in "/\\\0"):     # it names the plot files
+            return f"workload {name!r}: expected a workload name (no path separators)"
         if not isinstance(w, dict) or not isinstance(w.get("modes", {}), dict):
             what = "'modes'" if isinstance(w, dict) else "itself"
             return f"workload {name!r}: {what}: expected an object"
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m suite.duplex_merge: error: {message}", file=sys.stderr)
         return 2
 
+    if not args.out.strip():
+        return fail("--out: expected a folder for the merged record, got an empty path")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         return fail(f"--out: expected a folder (new or existing), got the file {args.out!r}")
     records = []
@@ -147,20 +151,26 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"a record of the wrong shape ({type(exc).__name__}: {exc}): not a suite.duplex record")
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="duplex_merge-") as staging:
-        if not args.no_plots:       # drawn before --out is made: a record that cannot be plotted leaves nothing
+        # the plots and the record are made in a staging folder first: one that cannot be made leaves nothing
+        if not args.no_plots:
             from suite.duplex_plot import plot_all
             try:
                 record["plots"] = plot_all(record, Path(staging))
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
                 return fail(f"the merged record cannot be plotted ({type(exc).__name__}: {exc}): a unit or run lacks "
-                            "a field suite.duplex writes; --no-plots merges without the plots")
+                            "a field suite.duplex writes, or holds a value of the wrong kind; --no-plots merges "
+                            "without the plots")
+        try:
+            write_record(Path(staging) / "duplex.json", record)     # compact, units as a table, as suite.duplex
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            return fail(f"the merged record cannot be written ({type(exc).__name__}: {exc}): a run's units are "
+                        "not those suite.duplex writes")
         try:
             out.mkdir(parents=True, exist_ok=True)
+            for name in [*record.get("plots", []), "duplex.json"]:
+                shutil.copyfile(Path(staging) / name, out / name)
         except OSError as exc:
-            return fail(f"--out {args.out}: cannot make the folder ({exc.strerror or exc})")
-        for name in record.get("plots", []):
-            shutil.move(str(Path(staging) / name), str(out / name))
-    write_record(out / "duplex.json", record)             # compact, units as a table, as suite.duplex
+            return fail(f"--out {args.out}: cannot write there ({exc.strerror or exc})")
     for name, w in record["workloads"].items():
         for mode, m in w["modes"].items():
             print(f"{name} {mode}: max sessions with zero misses = {m.get('max_zero_miss_sessions')}")

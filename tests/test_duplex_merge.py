@@ -327,3 +327,31 @@ def test_the_plots_land_in_out_beside_the_record(tmp_path):
     assert main([*paths, "--out", str(out)]) == 0
     rec = json.loads((out / "duplex.json").read_text())
     assert rec["plots"] and sorted(rec["plots"]) == sorted(p.name for p in out.glob("*.png"))
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "..", ""])
+def test_a_workload_name_that_is_a_path_is_refused(tmp_path, capsys, name):
+    # it names the plot files: '../../x' wrote them outside --out (a helper's attack, 2026-12-01)
+    paths = []
+    for mode in ("stock", "cadence"):
+        rec = part(mode)
+        rec["workloads"] = {name: rec["workloads"][WL]}
+        (tmp_path / f"{mode}.json").write_text(json.dumps(rec))
+        paths.append(str(tmp_path / f"{mode}.json"))
+    before = sorted(tmp_path.parent.rglob("*"))
+    assert main([*paths, "--out", str(tmp_path / "o" / "p")]) == 2
+    assert "expected a workload name (no path separators)" in capsys.readouterr().err
+    assert sorted(tmp_path.parent.rglob("*")) == before
+
+
+def test_an_empty_out_and_units_that_cannot_be_written_leave_nothing(tmp_path, capsys, monkeypatch):
+    paths = write_parts(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main([*paths, "--out", ""]) == 2 and "--out: expected a folder" in capsys.readouterr().err
+    rec = json.loads((tmp_path / "cadence.json").read_text())
+    rec["workloads"][WL]["modes"]["cadence"]["runs"][-1]["units"] = [1, 2, 3]   # not the plotted or solo run
+    (tmp_path / "cadence.json").write_text(json.dumps(rec))
+    before = sorted(tmp_path.rglob("*"))
+    assert main([*paths, "--out", str(tmp_path / "o"), "--no-plots"]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+    assert sorted(tmp_path.rglob("*")) == before
