@@ -41,7 +41,9 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -261,12 +263,29 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         print(f"CPU: short run of the first {max_units} SPEAK units (over >= 2 turns); "
               f"pass --max-speak-units / --seconds to change it")
     prov = env.provenance(command, device="cpu")    # git and versions; the device facts are in each stage
-    run = stages.run_plan(chosen, state, {**options, "command": command}, budget_s=args.budget_s,
-                          execute=execute or stages.subprocess_executor, provenance=prov, gpus=gpus,
-                          after=lambda: claims.write(run_dir))    # a killed sitting still has its report
+    previous = (signal.signal(signal.SIGTERM, _stop_on_sigterm)        # a `timeout` around the sitting
+                if threading.current_thread() is threading.main_thread() else None)
+    try:
+        run = stages.run_plan(chosen, state, {**options, "command": command}, budget_s=args.budget_s,
+                              execute=execute or stages.subprocess_executor, provenance=prov, gpus=gpus,
+                              after=lambda: claims.write(run_dir))    # a killed sitting still has its report
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     report = claims.write(run_dir)
     print(f"results: {run_dir}/stages.json, {report}")
     return _status(state, chosen, run, limited)
+
+
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM to the sitting (`timeout`, a lent machine's call limit): the stage processes, each in a
+    session of its own, are killed with it instead of running on; their stages stay `running` in
+    stages.json, so `--resume` reruns them as interrupted."""
+    from suite import stages
+    killed = stages.kill_live_stages()
+    print(f"stopped by signal {signum}: killed {len(killed)} stage process group(s); rerun with --resume",
+          file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 def _status(state, chosen, sitting, limited: bool) -> int:

@@ -597,6 +597,25 @@ def visible_device(gpu: int) -> str:
     return entries[gpu]
 
 
+#: Process-group ids of the stage processes running now (each stage runs in a session of its own, so a
+#: signal to the sitting does not reach it): `kill_live_stages` ends them when the sitting is stopped.
+_LIVE_STAGES: set[int] = set()
+
+
+def kill_live_stages() -> list[int]:
+    """SIGKILL the process group of every stage process running now; returns their ids. Called when the
+    sitting itself is stopped (suite.reproduce's SIGTERM handler): a stage process outlived a `timeout`
+    that killed the sitting and ran on for up to its budget (a helper's finding, 2026-12-01)."""
+    killed = []
+    for pgid in list(_LIVE_STAGES):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            killed.append(pgid)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
 def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: dict, *,
                         gpu: int | None = None) -> Outcome:
     """Run the stage as `python -m <argv>` from the repository root, in its own process group, output to
@@ -622,6 +641,7 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
             fh.flush()
         proc = subprocess.Popen(argv, cwd=env.REPO_ROOT, env=child_env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        _LIVE_STAGES.add(proc.pid)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -629,6 +649,15 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
             proc.wait()
             return Outcome("failed", None, f"timed out after {timeout_s:.0f} s (killed); rerun with "
                            f"--resume and a larger --stage-budget-s", argv, _tail(log.read_text()))
+        except BaseException:                        # Ctrl-C or the sitting's own exit: the stage goes too
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            raise
+        finally:
+            _LIVE_STAGES.discard(proc.pid)
     tail = _tail(log.read_text())
     if rc == 0:
         return Outcome("done", rc, "", argv, tail)

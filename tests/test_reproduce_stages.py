@@ -1538,3 +1538,50 @@ def test_a_join_that_cannot_render_the_report_says_so_in_one_line(fake_registry,
         bad.touch()
         with pytest.raises(stages.StateError):
             stages.join(tmp_path / "new", [bad])
+
+
+SLEEPER = """import os, sys, time
+open(os.path.join(sys.argv[1], "pid"), "w").write(str(os.getpid()))
+time.sleep(60)
+"""
+SITTING = """import signal, sys
+from pathlib import Path
+from suite import reproduce, stages
+stages.stage_argv = lambda stage, out_dir, options: ["sleeper", str(out_dir)]
+signal.signal(signal.SIGTERM, reproduce._stop_on_sigterm)
+stages.subprocess_executor(stages.Stage("w", "memory_stock", 60.0), Path(sys.argv[1]), 60.0, {})
+"""
+
+
+def test_a_sitting_stopped_by_sigterm_takes_its_stage_process_with_it(tmp_path):
+    """A stage runs in a session of its own (so its timeout kills its whole group): a `timeout` that
+    stopped the sitting left it running for up to its budget (a helper's finding, 2026-12-01)."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from suite import env
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    (tmp_path / "sitting.py").write_text(SITTING)
+    out = tmp_path / "out"
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(env.REPO_ROOT / "impl"), str(env.REPO_ROOT),
+                                                           str(tmp_path)])}
+    sitting = subprocess.Popen([sys.executable, str(tmp_path / "sitting.py"), str(out)], env=environ)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "pid").exists() or not (out / "pid").read_text():
+            assert time.monotonic() < deadline and sitting.poll() is None, "the stage process never started"
+            time.sleep(0.1)
+        stage_pid = int((out / "pid").read_text())
+        sitting.send_signal(signal.SIGTERM)
+        assert sitting.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.kill(stage_pid, 0)
+            except ProcessLookupError:
+                break                                                 # gone
+            assert time.monotonic() < deadline, "the stage process outlived the sitting"
+            time.sleep(0.1)
+    finally:
+        sitting.kill()
