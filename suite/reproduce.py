@@ -263,15 +263,15 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         print(f"CPU: short run of the first {max_units} SPEAK units (over >= 2 turns); "
               f"pass --max-speak-units / --seconds to change it")
     prov = env.provenance(command, device="cpu")    # git and versions; the device facts are in each stage
-    previous = (signal.signal(signal.SIGTERM, _stop_on_sigterm)        # a `timeout` around the sitting
-                if threading.current_thread() is threading.main_thread() else None)
+    installed = threading.current_thread() is threading.main_thread()   # signals reach the main thread only
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if installed else None   # a `timeout` around it
     try:
         run = stages.run_plan(chosen, state, {**options, "command": command}, budget_s=args.budget_s,
                               execute=execute or stages.subprocess_executor, provenance=prov, gpus=gpus,
                               after=lambda: claims.write(run_dir))    # a killed sitting still has its report
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if installed:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     report = claims.write(run_dir)
     print(f"results: {run_dir}/stages.json, {report}")
     return _status(state, chosen, run, limited)

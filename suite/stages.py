@@ -319,8 +319,8 @@ class StateError(ValueError):
 def check_data(data, path) -> None:
     """Raises StateError naming `path` if a stages.json's content is not shaped as State reads it: an object,
     `stages` an object of objects with a workload and a harness, only StageState's fields and a known
-    status each, a stage's `dir` (None or one plain folder name inside the run folder: join copies and
-    replaces it) and its numbers (seconds, budget_s, timeout_s: a number or None), `sittings` a list of
+    status each, a stage's `dir` (None or the stage's own name, a plain folder inside the run folder: join
+    copies and replaces it) and its numbers (seconds, budget_s, timeout_s: a number or None), `sittings` a list of
     objects."""
     if not isinstance(data, dict):
         raise StateError(f"{path}: expected a JSON object, got {type(data).__name__}")
@@ -350,10 +350,9 @@ def check_data(data, path) -> None:
         if st.get("status", "pending") not in STATUSES:
             raise StateError(f"{path}: stage {name!r}: status {st['status']!r}, expected one of {STATUSES}")
         d = st.get("dir")
-        if d is not None and not (isinstance(d, str) and d not in ("", ".", "..") and "/" not in d
-                                  and "\\" not in d and "\0" not in d):
-            raise StateError(f"{path}: stage {name!r}: 'dir': expected one folder name inside the run folder "
-                             f"(as the runner writes it, e.g. {name!r}), got {json.dumps(d)[:60]}")
+        if d is not None and (d != name or name in (".", "..") or any(c in name for c in "/\\\0")):
+            raise StateError(f"{path}: stage {name!r}: 'dir': expected the stage's own folder {name!r} inside the "
+                             f"run folder (as the runner writes it), got {json.dumps(d)[:60]}")
         for key in ("seconds", "budget_s", "timeout_s"):
             v = st.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
@@ -514,31 +513,6 @@ def join(run_dir: Path, others: list[Path]) -> State:
             raise StateError(f"join: {other}: expected a run folder")
     if run_dir.exists() and not run_dir.is_dir():
         raise StateError(f"join: --run-dir {run_dir}: expected a folder, got a file")
-    staged: list[tuple[Path | None, Path]] = []        # (copy beside run_dir's folder, the folder it replaces)
-    try:                                               # copied first: a failed copy leaves run_dir as it was
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for name, (other, st) in taken.items():
-            if not st.get("dir"):
-                continue
-            src, dst = other / st["dir"], run_dir / st["dir"]
-            tmp = None
-            if src.is_dir():
-                tmp = run_dir / f".join-{st['dir']}"
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                shutil.copytree(src, tmp)
-            staged.append((tmp, dst))
-    except OSError as exc:
-        for tmp, _ in staged:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-        raise StateError(f"join: cannot copy the stage folders into {run_dir} ({exc.strerror or exc}); "
-                         f"nothing joined") from None
-    for tmp, dst in staged:
-        if dst.exists():
-            shutil.rmtree(dst)
-        if tmp is not None:
-            tmp.rename(dst)
     for name, (other, st) in taken.items():
         data["stages"][name] = st
     for other, od in loaded:
@@ -546,8 +520,56 @@ def join(run_dir: Path, others: list[Path]) -> State:
     data["sittings"].sort(key=lambda s: s.get("started_utc") or "")
     data["created_utc"] = min([data.get("created_utc") or utc_now()]
                               + [od.get("created_utc") for _, od in loaded if od.get("created_utc")])
-    state = State(run_dir, data)
-    state.save()
+    # The folders are copied first, beside run_dir's own (.join-new-<stage>), then swapped in by renames,
+    # ours set aside (.join-old-<stage>) until stages.json is saved: a failure puts run_dir back as it was.
+    created = not run_dir.exists()
+    staged: list[tuple[Path | None, Path, Path]] = []          # (new copy or None, our folder, ours set aside)
+    swapped: list[tuple[Path | None, Path, Path]] = []
+
+    def undo():
+        for new, dst, old in reversed(swapped):
+            if new is not None and (dst.exists() or dst.is_symlink()):
+                dst.rename(new)
+            if old.exists() or old.is_symlink():
+                old.rename(dst)
+        for new, _, _ in staged:
+            if new is not None:
+                shutil.rmtree(new, ignore_errors=True)
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in run_dir.glob(".join-*"):                  # left by a join that was killed
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink()
+        for name, (other, st) in taken.items():
+            if not st.get("dir"):
+                continue
+            src, dst = other / st["dir"], run_dir / st["dir"]
+            new = run_dir / f".join-new-{st['dir']}" if src.is_dir() else None
+            staged.append((new, dst, run_dir / f".join-old-{st['dir']}"))
+            if new is not None:
+                shutil.copytree(src, new, symlinks=True)
+        for new, dst, old in staged:
+            if dst.exists() or dst.is_symlink():
+                dst.rename(old)
+            swapped.append((new, dst, old))
+            if new is not None:
+                new.rename(dst)
+        state = State(run_dir, data)
+        state.save()
+    except OSError as exc:
+        undo()
+        raise StateError(f"join: cannot put the stage folders into {run_dir} ({exc.strerror or exc}); "
+                         f"nothing joined") from None
+    for _, _, old in swapped:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        elif old.exists() or old.is_symlink():
+            old.unlink()
     return state
 
 
@@ -600,6 +622,8 @@ def visible_device(gpu: int) -> str:
 #: Process-group ids of the stage processes running now (each stage runs in a session of its own, so a
 #: signal to the sitting does not reach it): `kill_live_stages` ends them when the sitting is stopped.
 _LIVE_STAGES: set[int] = set()
+_LIVE_LOCK = threading.RLock()          # reentrant: the handler may run in the thread that holds it
+_STOPPING = threading.Event()           # set by kill_live_stages: no stage process starts after it
 
 
 def kill_live_stages() -> list[int]:
@@ -607,7 +631,10 @@ def kill_live_stages() -> list[int]:
     sitting itself is stopped (suite.reproduce's SIGTERM handler): a stage process outlived a `timeout`
     that killed the sitting and ran on for up to its budget (a helper's finding, 2026-12-01)."""
     killed = []
-    for pgid in list(_LIVE_STAGES):
+    with _LIVE_LOCK:                     # a stage between Popen and its registration is seen or not started
+        _STOPPING.set()
+        pgids = list(_LIVE_STAGES)
+    for pgid in pgids:
         try:
             os.killpg(pgid, signal.SIGKILL)
             killed.append(pgid)
@@ -639,10 +666,14 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
         if gpu is not None:
             fh.write(f"# stage {stage.name} on GPU {gpu} (CUDA_VISIBLE_DEVICES={child_env['CUDA_VISIBLE_DEVICES']})\n")
             fh.flush()
-        proc = subprocess.Popen(argv, cwd=env.REPO_ROOT, env=child_env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        _LIVE_STAGES.add(proc.pid)
+        proc = None
         try:
+            with _LIVE_LOCK:
+                if _STOPPING.is_set():
+                    return Outcome("failed", None, "the sitting was stopped before this stage started", argv)
+                proc = subprocess.Popen(argv, cwd=env.REPO_ROOT, env=child_env, stdout=fh,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+                _LIVE_STAGES.add(proc.pid)
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)      # our own child's group, by its id
@@ -650,14 +681,16 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
             return Outcome("failed", None, f"timed out after {timeout_s:.0f} s (killed); rerun with "
                            f"--resume and a larger --stage-budget-s", argv, _tail(log.read_text()))
         except BaseException:                        # Ctrl-C or the sitting's own exit: the stage goes too
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+            if proc is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
             raise
         finally:
-            _LIVE_STAGES.discard(proc.pid)
+            if proc is not None:
+                _LIVE_STAGES.discard(proc.pid)
     tail = _tail(log.read_text())
     if rc == 0:
         return Outcome("done", rc, "", argv, tail)

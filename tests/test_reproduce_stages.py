@@ -1486,20 +1486,21 @@ def _folder_digest(folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("edit, match", [
-    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="../victim"), "'dir': expected one folder name",
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="../victim"), "'dir': expected the stage's own",
                  id="dir-escapes"),
-    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="/tmp/x"), "'dir': expected one folder name",
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="/tmp/x"), "'dir': expected the stage's own",
                  id="dir-absolute"),
-    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="."), "'dir': expected one folder name",
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="."), "'dir': expected the stage's own",
                  id="dir-the-run-folder"),
-    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir=5), "'dir': expected one folder name",
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir=5), "'dir': expected the stage's own",
                  id="dir-a-number"),
+    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="fake.memory_stock"),   # another stage's folder
+                 "'dir': expected the stage's own", id="dir-of-another-stage"),
     pytest.param(lambda d: d["stages"]["fake.verify"].update(seconds="abc"), "'seconds': expected a number",
                  id="seconds-a-string"),
     pytest.param(lambda d: d.update(sittings=[1, 2]), "'sittings': expected a list of objects",
                  id="sittings-of-ints"),
-    pytest.param(lambda d: d["stages"]["fake.verify"].update(dir="gone"), "its folder .* is not there",
-                 id="done-without-its-folder"),
+    pytest.param("remove the folder", "its folder .* is not there", id="done-without-its-folder"),
 ])
 def test_a_join_of_a_crafted_folder_is_refused_and_deletes_nothing(fake_registry, clean_tree, tmp_path,  # noqa: F811
                                                                   capsys, edit, match):
@@ -1511,7 +1512,11 @@ def test_a_join_of_a_crafted_folder_is_refused_and_deletes_nothing(fake_registry
                         OPTIONS, execute=stages.inline_executor, log=lambda *_: None)
     (victim / "keep").mkdir(parents=True)
     data = json.loads((theirs / "stages.json").read_text())
-    edit(data)
+    if callable(edit):
+        edit(data)
+    else:
+        import shutil
+        shutil.rmtree(theirs / "fake.verify")
     (theirs / "stages.json").write_text(json.dumps(data))
     before, kept = _folder_digest(ours), _folder_digest(tmp_path)
     with pytest.raises(stages.StateError, match=match):
@@ -1549,7 +1554,9 @@ from pathlib import Path
 from suite import reproduce, stages
 stages.stage_argv = lambda stage, out_dir, options: ["sleeper", str(out_dir)]
 signal.signal(signal.SIGTERM, reproduce._stop_on_sigterm)
-stages.subprocess_executor(stages.Stage("w", "memory_stock", 60.0), Path(sys.argv[1]), 60.0, {})
+options = {"device": "cuda"}          # --gpus 0: the stage runs from a worker thread, which no signal reaches
+state = stages.State.open(Path(sys.argv[1]), options, resume=False)
+stages.run_plan([stages.Stage("w", "memory_stock", 60.0)], state, options, gpus=[0], log=lambda *_: None)
 """
 
 
@@ -1563,10 +1570,12 @@ def test_a_sitting_stopped_by_sigterm_takes_its_stage_process_with_it(tmp_path):
     from suite import env
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     (tmp_path / "sitting.py").write_text(SITTING)
-    out = tmp_path / "out"
+    run_dir = tmp_path / "run"
+    out = run_dir / "w.memory_stock"
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(env.REPO_ROOT / "impl"), str(env.REPO_ROOT),
                                                            str(tmp_path)])}
-    sitting = subprocess.Popen([sys.executable, str(tmp_path / "sitting.py"), str(out)], env=environ)
+    sitting = subprocess.Popen([sys.executable, str(tmp_path / "sitting.py"), str(run_dir)], env=environ)
+    stage_pid = None
     try:
         deadline = time.monotonic() + 60
         while not (out / "pid").exists() or not (out / "pid").read_text():
@@ -1585,3 +1594,53 @@ def test_a_sitting_stopped_by_sigterm_takes_its_stage_process_with_it(tmp_path):
             time.sleep(0.1)
     finally:
         sitting.kill()
+        if stage_pid is not None:
+            try:
+                os.kill(stage_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.parametrize("fail_at", ["copy", "swap", "save"])
+def test_a_join_that_fails_midway_puts_the_run_folder_back(fake_registry, clean_tree, tmp_path, monkeypatch,  # noqa: F811
+                                                           fail_at):
+    """The folders are copied beside ours, swapped in by renames and ours removed only once stages.json is
+    saved: a failure at any step (here made to happen) leaves the run folder as it was, no .join-* left."""
+    import shutil
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for folder, harnesses in ((ours, ("memory_stock",)), (theirs, ("verify", "memory_cadence"))):
+        stages.run_plan([stages.Stage("fake", h, 100.0) for h in harnesses],
+                        stages.State.open(folder, OPTIONS, resume=False), OPTIONS,
+                        execute=stages.inline_executor, log=lambda *_: None)
+    data = json.loads((ours / "stages.json").read_text())       # ours has a failed verify attempt to replace
+    data["stages"]["fake.verify"] = {"workload": "fake", "harness": "verify", "status": "failed",
+                                     "dir": "fake.verify"}
+    (ours / "stages.json").write_text(json.dumps(data))
+    (ours / "fake.verify").mkdir()
+    (ours / "fake.verify" / "log.txt").write_text("our failed attempt")
+    before = _folder_digest(ours)
+    calls = {"n": 0}
+
+    def boom(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:                                      # the second copy / rename / save fails
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+    if fail_at == "copy":
+        real = shutil.copytree
+        monkeypatch.setattr(shutil, "copytree", boom)
+    elif fail_at == "swap":
+        real = Path.rename
+        monkeypatch.setattr(Path, "rename", lambda self, target: boom(self, target))
+    else:
+        real = stages.State.save
+        calls["n"] = 1
+        monkeypatch.setattr(stages.State, "save", lambda self: boom(self))
+    with pytest.raises(stages.StateError, match="nothing joined"):
+        stages.join(ours, [theirs])
+    monkeypatch.undo()
+    assert _folder_digest(ours) == before and not list(ours.glob(".join-*"))
+    state = stages.join(ours, [theirs])                          # and it works once nothing fails
+    assert sorted(state.stages) == ["fake.memory_cadence", "fake.memory_stock", "fake.verify"]
+    assert (ours / "fake.verify" / "run.json").exists() and not (ours / "fake.verify" / "log.txt").exists()
+    assert not list(ours.glob(".join-*"))
