@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from suite.duplex import max_zero_miss
 from suite.duplex_merge import merge as merge_duplex
 from suite.report import DASH, PUBLISHED, _f, _table
 from suite.stages import HARNESSES, TIMED_HARNESSES, check_data, device_type, family, overlapping, unselected
@@ -163,7 +164,11 @@ def duplex_figures(entries: dict, workload: str | None = None) -> dict | None:
         runs = [r for r in m.get("runs") or [] if isinstance(r, dict) and type(r.get("sessions")) is int]
         solo = next((r for r in runs if r["sessions"] == 1 and not r.get("refused")), None)
         met = (solo or {}).get("metrics") or {}
-        best = m.get("max_zero_miss_sessions")
+        # derived from the runs as suite.duplex derives it (`max_zero_miss`), not read from the record's
+        # stored copy (every committed record agrees; an edited one need not); runs without a miss count
+        # (not run to the end of their 60 s) are left out
+        best = max_zero_miss([r for r in runs if r.get("refused")
+                              or isinstance((r.get("metrics") or {}).get("misses"), int)])
         # the first count above the best that missed a unit or was refused (admission: not enough memory)
         missed = sorted((r for r in runs if r["sessions"] > (best or 0)
                          and (r.get("refused") or (r.get("metrics") or {}).get("misses"))),

@@ -559,11 +559,13 @@ DUPLEX_FIGURES = {"stock": (1.132, 1.30, 0.61, 3), "cadence": (0.585, 0.80, 0.0,
 
 
 def duplex_part(workload_name: str, mode: str, hashes=("u0", "u1", "u2")) -> dict:
-    """A suite.duplex record of one mode (test_duplex_merge.part) carrying DUPLEX_FIGURES."""
+    """A suite.duplex record of one mode (test_duplex_merge.part) carrying DUPLEX_FIGURES: its second run
+    is at the best count, so the runs give that count as the claims derive it (`max_zero_miss`)."""
     rec = part(mode, hashes)
     w = rec["workloads"].pop(MERGE_WL)
     frac, p99, misses, best = DUPLEX_FIGURES[mode]
     w["modes"][mode]["runs"][0]["metrics"].update(speak_frac_mean=frac, speak_frac_p99=p99, miss_rate=misses)
+    w["modes"][mode]["runs"][1]["sessions"] = best
     w["modes"][mode]["max_zero_miss_sessions"] = best
     rec["workloads"][workload_name] = {**w, "workload": workload_name}
     return rec
@@ -1087,10 +1089,12 @@ def test_duplex_json_of_the_harness_gives_the_claim_figures(tmp_path):
     run's mean / p99 SPEAK time as % over the cadence, its miss rate, and the zero-miss session count.
     Here from a legacy both-mode `duplex` stage, which an older run folder may hold."""
     runs = lambda frac, p99, misses, best: {"max_zero_miss_sessions": best, "runs": [  # noqa: E731
-        {"sessions": 1, "metrics": {"speak_frac_mean": frac, "speak_frac_p99": p99, "miss_rate": misses}},
-        {"sessions": 8, "metrics": {"speak_frac_mean": 2.0, "speak_frac_p99": 3.0, "miss_rate": 0.5}}]}
+        {"sessions": 1, "metrics": {"speak_frac_mean": frac, "speak_frac_p99": p99, "miss_rate": misses,
+                                    "misses": 0 if best else 24}},
+        {"sessions": 12, "metrics": {"speak_frac_mean": 2.0, "speak_frac_p99": 3.0, "miss_rate": 0.5,
+                                     "misses": 0 if best == 12 else 360}}]}
     legacy = {"schema": "duplexcadence.duplex/1", "parameters": {"seconds": 60},
-              "workloads": {"w": {"ar": {"kind": "none"}, "modes": {"stock": runs(1.14, 1.3, 0.4, 0),
+              "workloads": {"w": {"ar": {"kind": "none"}, "modes": {"stock": runs(1.14, 1.3, 0.4, None),
                                                                     "cadence": runs(0.1, 0.2, 0.0, 12)}}}}
     d = claims.duplex_figures(_done_duplex_stages(tmp_path, {"duplex": legacy}), "w")
     assert d["modes"]["stock"]["speak_vs_period_pct_mean"] == pytest.approx(14.0)
@@ -1377,7 +1381,7 @@ def test_a_failed_duplex_stage_still_reports_the_runs_it_measured(tmp_path, end,
     st = state.stages["w.duplex_cadence"]
     assert (st.status, st.reason, st.verdict, st.invalid_codes) == ("failed", reason, "PARTIAL", ["partial"])
     text = claims.write(tmp_path).read_text()
-    mark = f"cadence: PARTIAL, N=1,2 measured (failed: {reason})"
+    mark = f"cadence: PARTIAL, N=1,25 measured (failed: {reason})"
     speak = next(line for line in _section(text, "SPEAK time against the 1 s cadence").splitlines()
                  if line.startswith("| w "))
     assert "-41.5%" in speak and mark in speak                       # cadence's one-session run, measured
@@ -1644,3 +1648,13 @@ def test_a_join_that_fails_midway_puts_the_run_folder_back(fake_registry, clean_
     assert sorted(state.stages) == ["fake.memory_cadence", "fake.memory_stock", "fake.verify"]
     assert (ours / "fake.verify" / "run.json").exists() and not (ours / "fake.verify" / "log.txt").exists()
     assert not list(ours.glob(".join-*"))
+
+
+def test_the_session_limit_is_derived_from_the_runs_not_read_from_the_record(tmp_path):
+    # an edited record says 8 sessions were clean where its own runs say 4 missed
+    rec = {"schema": "duplexcadence.duplex/1", "parameters": {"seconds": 60}, "verdict": "VALID",
+           "workloads": {"w": {"ar": {"kind": "none"},
+                               "modes": {"cadence": _mode_runs(8, [(1, 0), (2, 0), (4, 3), (8, 0)])}}}}
+    fc = claims.duplex_figures(_done_duplex_stages(tmp_path, {"duplex": rec}), "w")["modes"]["cadence"]
+    assert fc["max_sessions_zero_miss"] == 2
+    assert claims._limit_cell(fc) == "2 (4 missed 3/240: limit 2-3)"
