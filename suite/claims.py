@@ -351,8 +351,8 @@ def _paper(workload: str, wl_entries: dict, text: str) -> str:
     if arch is None:
         try:
             import workloads
-            arch = workloads.get(workload).architecture if workload in workloads.names() else None
-        except ImportError:                  # a report rendered away from the checkout
+            arch = workloads.get(workload).architecture
+        except (ImportError, KeyError):      # away from the checkout (as `_registered`), or not registered
             arch = None
     return text if arch == FLOW_HIFT else f"{DASH} (published for MiniCPM-o only)"
 

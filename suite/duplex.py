@@ -83,8 +83,8 @@ from suite.memory import MemoryProbe
 from suite.runner import jsonable, make_spec, open_session
 
 SCHEMA = "duplexcadence.duplex/2"           # /2: each run's units as one table (pack_units)
-#: What the readers accept: /1 held each run's units as a list of objects (records up to
-#: results/2026-12-01-h200-reproduce-9); `unpack_units` reads both.
+#: What the readers accept: /1 held each run's units as a list of objects (records written before the
+#: schema change, e.g. results/2026-12-01-h200-reproduce-9's calls 1-7); `unpack_units` reads both.
 READ_SCHEMAS = ("duplexcadence.duplex/1", SCHEMA)
 MIN_SECONDS = 60.0             # issue 7: zero misses "over 60 s"
 MODES = ("stock", "cadence")
@@ -327,8 +327,8 @@ def pack_units(record: dict) -> dict:
 def unpack_units(record: dict) -> dict:
     """In place: every run's unit table (`pack_units`) back to a list of {column: value} rows (a key with
     null for a row that lacked it; interned columns resolved through the record's `unit_hashes`, which is
-    then dropped); a list (records written before the table, results/ up to 2026-12-01-h200-reproduce-9) is
-    kept. Returns the record. Raises ValueError naming the run for a table not shaped as pack_units writes
+    then dropped); a list (schema /1, written before the table: results/ up to 2026-12-01-h200-reproduce-9's
+    call 7) is kept. Returns the record. Raises ValueError naming the run for a table not shaped as pack_units writes
     it: columns distinct strings, `interned` a list of INTERNED_COLUMNS among them, rows of one value per
     column, an interned value a position (an int, not a bool) in `unit_hashes`, a list of strings."""
     hashes = record.get("unit_hashes", [])
@@ -375,9 +375,11 @@ def read_record(path: str | Path) -> dict:
     return unpack_units(json.loads(Path(path).read_text()))
 
 
-def _write_json(path: Path, record: dict) -> None:
-    """Write atomically (a process killed at its time limit mid-write leaves the previous checkpoint), compact
-    and with each run's units as one table (`pack_units`); REPORT.md is what people read."""
+def write_record(path: Path, record: dict) -> None:
+    """Write a duplex record to `path` atomically (a process killed at its time limit mid-write leaves the
+    previous checkpoint), compact and with each run's units as one table (`pack_units`; REPORT.md is what
+    people read). Raises OSError, and TypeError / ValueError / AttributeError for units not shaped as rows
+    of objects (suite.duplex_merge reports them as a mis-shaped record)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(pack_units(record), separators=(",", ":")))
     tmp.replace(path)
@@ -577,7 +579,7 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
         """After every run: duplex.json with what was measured so far (verdict PARTIAL until the end)."""
         snap = {**record, "workloads": {**record["workloads"], partial["workload"]: partial},
                 "verdict": "PARTIAL", "invalid_reasons": [NOT_FINISHED]}
-        _write_json(out / "duplex.json", snap)
+        write_record(out / "duplex.json", snap)
 
     with env.deterministic() as det:
         record["determinism"] = det
@@ -596,11 +598,11 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
         reasons.append(f"{args.seconds:g} s < {MIN_SECONDS:g} s: {SHORT_RUN}")
     record["verdict"] = "INVALID" if reasons else "VALID"
     record["invalid_reasons"] = reasons
-    _write_json(out / "duplex.json", record)
+    write_record(out / "duplex.json", record)
     if not args.no_plots:
         from suite.duplex_plot import plot_all
         record["plots"] = plot_all(record, out)
-        _write_json(out / "duplex.json", record)
+        write_record(out / "duplex.json", record)
     if args.progress:
         for name, w in record["workloads"].items():
             for mode, m in w["modes"].items():

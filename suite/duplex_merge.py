@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from suite.duplex import NOT_FINISHED, READ_SCHEMAS, SCHEMA, OneLineParser, record_reasons, unpack_units
-from suite.duplex import _write_json as write_record
+from suite.duplex import (NOT_FINISHED, READ_SCHEMAS, SCHEMA, OneLineParser, record_reasons, unpack_units,
+                          write_record)
 
 
 RECORD_KEYS = ("parameters", "provenance", "verdict", "invalid_reasons", "workloads")   # what merge() reads

@@ -458,9 +458,7 @@ def _load(run_dir: Path) -> dict:
     except OSError as exc:                      # a file given for the folder, no permission
         raise StateError(f"{path}: cannot read ({exc.strerror or exc}; expected a run folder's "
                          f"stages.json)") from None
-    check_data(data, path)
-    if data.get("schema") != SCHEMA:
-        raise StateError(f"{path}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
+    check_data(data, path)                      # the schema too
     return data
 
 
