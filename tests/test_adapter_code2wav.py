@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from duplexcadence.adapters import code2wav as c2w
-from duplexcadence.runtime import BitMismatch, InputError, compare_units
+from duplexcadence.errors import InputError
+from duplexcadence.runtime import BitMismatch, compare_units
 
 SPF, LOSS = 1920, 555                       # samples per 12.5 Hz frame; samples lost per call
 TURN = [12, 13, 12, 13, 5]                  # initial + ramp, ramp, steady, steady, final

@@ -16,7 +16,8 @@ import torch
 
 from duplexcadence.adapters import mimi, mimi_cadence
 from duplexcadence.clocks import Fixed, Ring
-from duplexcadence.runtime import InputError, compare_units
+from duplexcadence.errors import InputError
+from duplexcadence.runtime import compare_units
 
 MANIFEST = Path(__file__).parent / "data" / "mimi_manifest.json"
 UNIT_FRAMES = [13, 12] * 5 + [13]          # 138 frames = 276 positions: past the 250-slot ring wrap

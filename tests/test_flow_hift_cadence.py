@@ -18,7 +18,8 @@ from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 from duplexcadence.adapters.bounded_vocoder_cadence import ArenaVocoder  # noqa: E402
 from duplexcadence.adapters.flow_hift_cadence import CadenceSession  # noqa: E402
 from duplexcadence.clocks import ClockError  # noqa: E402
-from duplexcadence.runtime import InputError, compare_units  # noqa: E402
+from duplexcadence.errors import InputError  # noqa: E402
+from duplexcadence.runtime import compare_units  # noqa: E402
 
 VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / "ljspeech_LJ001-0001_24k.wav"
 STEPS = 2

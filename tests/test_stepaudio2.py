@@ -17,7 +17,8 @@ from torch_threads import torch_threads  # noqa: E402  (tests/ is on sys.path un
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 from duplexcadence.adapters import stepaudio2 as sa  # noqa: E402
 from duplexcadence.clocks import ClockError, KeepAll  # noqa: E402
-from duplexcadence.runtime import BitMismatch, InputError, compare_units  # noqa: E402
+from duplexcadence.errors import InputError  # noqa: E402
+from duplexcadence.runtime import BitMismatch, compare_units  # noqa: E402
 
 VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / \
     "librispeech_8297-275156-0011_24k.wav"

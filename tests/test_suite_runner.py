@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from duplexcadence import runtime
+from duplexcadence import errors, runtime, session
 from suite import env, memory, runner
 from torch_threads import torch_threads  # tests/ is on sys.path under pytest
 
@@ -50,7 +50,7 @@ class FakeSession:
     def speak(self, tokens, final=False):
         model = self.model
         if not self.turn_open:
-            raise runtime.InputError("speak: no open turn")
+            raise errors.InputError("speak: no open turn")
         unit = tokens[0]                      # the fake script writes the unit index into its tokens
         wave = fake_wave(list(tokens))
         if unit in self.model["zero_units"]:
@@ -63,7 +63,7 @@ class FakeSession:
             self.held.append(torch.ones(4 * 2**20, device=model["device"]))
         if final:
             self.turn_open = False
-        return runtime.UnitOutput(wave, to_pcm16(wave), {"tokens": len(tokens)})
+        return session.UnitOutput(wave, to_pcm16(wave), {"tokens": len(tokens)})
 
     def stats(self):
         return {"turns": self.turns, "speaks": self.speaks}

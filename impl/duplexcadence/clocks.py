@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import NamedTuple, Union
+from typing import Hashable, NamedTuple, Union
+
+from duplexcadence.errors import LimitError
 
 
-class ClockError(ValueError):
-    """A declared bound would be crossed; the message names the region, the bound and the value."""
+class ClockError(LimitError):
+    """A declared bound would be crossed; the message names the region, the bound and the value.
+    A `LimitError` (so an `InputError`): raised before anything runs, nothing changed."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,42 @@ def schedule(regions: list[RegionSpec], advances: list[dict], sizes: list[int],
         lengths = after
         prev_key = key
     return steps
+
+
+class Signature(NamedTuple):
+    """The exact shape of one step: the CUDA-graph key, computed from the clocks before the step runs.
+
+    Never padded. `step` names the adapter's captured step ("flow", "vocoder", "decode", "window", ...);
+    `size` is the input it consumes in its own clock's units (tokens, mel frames, codec frames); `lengths`
+    holds (region, length read) pairs and `exact` the other exact values that select kernels or slices
+    (last_chunk, offsets), both sorted by name so that equal shapes give equal keys. Build with `signature`.
+    """
+    step: str
+    size: int
+    lengths: tuple = ()
+    exact: tuple = ()
+
+    def get(self, name: str, default=None):
+        """A region length or exact value by name."""
+        for key, value in self.lengths + self.exact:
+            if key == name:
+                return value
+        return default
+
+    def __repr__(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.lengths + self.exact]
+        return f"Signature({self.step}, size={self.size}{', ' if parts else ''}{', '.join(parts)})"
+
+
+def signature(step: str, size: int, lengths: dict | None = None, **exact: Hashable) -> Signature:
+    """The Signature of one step from the clocks: `lengths` maps region -> length the step reads (from
+    `schedule` or a RegionSpec walk), `exact` names any other exact value the step's kernels depend on.
+    Raises TypeError for an unhashable value (a list would make an unusable key)."""
+    lengths = tuple(sorted((str(k), int(v)) for k, v in (lengths or {}).items()))
+    exact_items = tuple(sorted(exact.items()))
+    for key, value in exact_items:
+        hash(value)
+    return Signature(str(step), int(size), lengths, exact_items)
 
 
 def bounds(regions: list[RegionSpec]) -> dict:

@@ -264,8 +264,24 @@ class GraphCache:
             return False
         return self.warmed is None or signature not in self.warmed
 
-    def _capture(self, signature, step):
+    def capture(self, signature: Hashable, step: Callable[[], object]) -> bool:
+        """Capture `signature` ahead of time without running it: the step's kernels are recorded, not run,
+        so the session's state is unchanged (the step must not change host state either). For signatures
+        the clocks predict before they are needed (`Session.prepare`). A signature whose warm-up has not
+        run in this process (warmup > 0) is not captured here: capturing a first occurrence can meet lazy
+        initialisations that must run eagerly once. Returns True if a graph now exists for it."""
+        if not self.enabled or signature in self.entries:
+            return signature in self.entries
+        if self.closed or signature in self.eager_only:
+            return False
+        with self.lock:
+            if self._needs_warmup(signature):
+                return False
+            return self._capture(signature, step, replay=False) is not _FAILED
+
+    def _capture(self, signature, step, replay: bool = True):
         graph = torch.cuda.CUDAGraph()
+        prime_workspace(self.capture_stream)
         before = torch.cuda.memory_reserved(self.device)
         try:
             with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream):
@@ -276,11 +292,56 @@ class GraphCache:
             self.eager_only.add(signature)
             torch.cuda.synchronize(self.device)
             self.pool = torch.cuda.graph_pool_handle()     # never reuse a pool a failed capture touched
+            if not replay:
+                return _FAILED
             self.stats.eager_fallbacks += 1
             return step()
         self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
         base = self.arena.base if self.arena is not None else 0
         self.entries[signature] = GraphEntry(signature, graph, outputs, base)
         self.stats.captures += 1
-        graph.replay()
+        if replay:
+            graph.replay()
         return outputs
+
+    def drop(self) -> None:
+        """Free every graph of this cache now (a closing session): entries and pool references go, so the
+        pool's blocks return to the allocator once no other reference holds them."""
+        self.closed = True
+        self.entries.clear()
+        self.eager_only.clear()
+        self.pool = None
+
+
+_FAILED = object()
+_PRIMED: set = set()
+_PRIMED_LOCK = threading.Lock()
+#: Device bytes the allocator reserved while priming capture streams (their cuBLAS workspaces).
+PRIMED_BYTES = [0]
+
+
+def prime_workspace(stream) -> None:
+    """Make the cuBLAS / cuBLASLt workspace of (this thread's handle, `stream`) outside any graph pool.
+
+    torch keeps one workspace per (cuBLAS handle, stream), allocated from the caching allocator the first
+    time a GEMM runs on that pair (aten/src/ATen/cuda/CublasHandlePool.cpp). If that first GEMM is inside
+    a capture, the workspace lands in the capturing session's private pool and outlives it: a stream
+    handed to the next session would keep a dead session's pool block. So before a thread first captures on
+    a stream, small float32 and bfloat16 GEMMs (plain and with bias, the cuBLASLt path) run on it eagerly;
+    the bytes this reserves are added to PRIMED_BYTES. No-op for None or off CUDA."""
+    if stream is None:
+        return
+    key = (threading.get_ident(), stream.cuda_stream)
+    with _PRIMED_LOCK:
+        if key in _PRIMED:
+            return
+        _PRIMED.add(key)
+    device = stream.device
+    before = torch.cuda.memory_reserved(device)
+    with torch.cuda.stream(stream):
+        for dtype in (torch.float32, torch.bfloat16):
+            a = torch.ones(16, 16, device=device, dtype=dtype)
+            torch.mm(a, a)
+            torch.addmm(a[0], a, a)
+    stream.synchronize()
+    PRIMED_BYTES[0] += max(0, torch.cuda.memory_reserved(device) - before)

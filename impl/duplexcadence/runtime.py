@@ -1,28 +1,27 @@
-"""Drive an adapter unit by unit, in `stock` or `cadence` mode, and compare the two (`verify`).
+"""Open a released model by name and its sessions; compare stock and DuplexCadence output byte for byte.
 
+`MODELS` names every released model this runtime serves and the decoder architecture (adapter) behind it.
 Every adapter module (duplexcadence.adapters.<architecture>) exposes:
 
 * ``build_model(spec: dict, *, device, depth: str, seed: int) -> model``: the stock modules with seeded
   random weights (or a checkpoint, ``spec["checkpoint"]``); one instance is shared by both modes, so
   construction-time random tables are the same.
-* ``new_session(model, mode: str, spec: dict) -> Session``: ``mode`` is ``"stock"`` (the upstream code
-  as it ships, driven as the model's own serving loop drives it) or ``"cadence"`` (the same kernels on
-  arena views, with CUDA-graph replay on CUDA).
+* ``new_session(model, mode: str, spec: dict) -> duplexcadence.session.Session``: ``mode`` is ``"stock"``
+  (the upstream code as it ships, driven as the model's own serving loop drives it), ``"cadence"`` (the
+  same kernels on arena views, with CUDA-graph replay on CUDA) or one of the adapter's other ``MODES``.
 
-A Session has ``start_turn()``, ``speak(payload, final=False) -> UnitOutput`` and ``stats()``. The
-payload is what the AR stage emitted during the one-second unit: speech token ids (flow_hift) or codec
-frames ``[n_q][frames]`` (mimi, code2wav). Bad input raises ``InputError`` (a ValueError) and leaves
-the session's state and clocks exactly as they were.
+`open_model(name, ...)` does both steps for a user: ``open_model("moshi").session("cadence")``.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import threading
 import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from duplexcadence.session import UnitOutput
 
 MODES = ("stock", "cadence")
 
@@ -33,6 +32,60 @@ ADAPTERS = {
 }
 
 
+@dataclass(frozen=True)
+class ModelEntry:
+    """A released model: its decoder architecture, the adapter spec that selects it, and what it needs."""
+    name: str
+    title: str
+    architecture: str
+    spec: dict = field(default_factory=dict)
+    needs: tuple = ()           # spec keys the caller must give (e.g. the voice prompt)
+
+
+#: Every released model, by name.
+MODELS = {e.name: e for e in (
+    ModelEntry("minicpmo45", "MiniCPM-o 4.5", "flow_hift", {"variant": "minicpmo45", "n_timesteps": 10},
+               ("voice_prompt",)),
+    ModelEntry("stepaudio2_mini", "Step-Audio 2 mini", "flow_hift", {"variant": "stepaudio2", "n_timesteps": 10},
+               ("voice_prompt",)),
+    ModelEntry("moshi", "Moshi", "mimi"),
+    ModelEntry("qwen3_omni", "Qwen3-Omni", "code2wav", {"dtype": "bfloat16"}),
+)}
+
+
+@dataclass
+class OpenModel:
+    """A built model and the adapter that serves it. `native` is the stock object (Token2wav, MimiModel,
+    Qwen3OmniMoeCode2Wav, ...), shared by every session opened from it."""
+    entry: ModelEntry
+    adapter: object
+    native: object
+    spec: dict
+
+    def session(self, mode: str = "cadence", **options):
+        """A new session (duplexcadence.session.Session) in `mode` ("stock", "cadence", or another of the
+        adapter's MODES). options: the adapter's session options. Raises ValueError for an unknown mode."""
+        return self.adapter.new_session(self.native, mode, options)
+
+
+def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 0, **spec) -> OpenModel:
+    """Build the released model `name` (a key of MODELS) on `device` with seeded random weights, or from
+    `checkpoint=DIR_OR_FILE` in the released layout. depth: "released" or "reduced" (the same classes,
+    fewer layers: CPU tests). spec: the model's options (voice_prompt=WAV path for the flow-matching
+    decoders, n_timesteps, prompt_seconds, dtype, ...). Raises KeyError naming the known models and
+    ValueError naming a missing required option."""
+    if name not in MODELS:
+        raise KeyError(f"model {name!r}: expected one of {sorted(MODELS)}")
+    entry = MODELS[name]
+    missing = [k for k in entry.needs if spec.get(k) is None]
+    if missing:
+        raise ValueError(f"open_model({name!r}): {', '.join(missing)} is required (e.g. voice_prompt='voice.wav', "
+                         f"a 24 kHz WAV of the voice to speak in)")
+    full = {**entry.spec, **spec}
+    mod = adapter(entry.architecture)
+    return OpenModel(entry, mod, mod.build_model(full, device=device, depth=depth, seed=seed), full)
+
+
 _MODEL_STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MODEL_STATE_LOCK = threading.Lock()
 
@@ -40,9 +93,9 @@ _MODEL_STATE_LOCK = threading.Lock()
 def model_state(model) -> dict:
     """The runtime's per-model-instance state shared by that instance's sessions (a lock for eager steps and
     captures, signatures already warmed in this process, voice bases, device tables), as one dict kept
-    beside the model, not on it: `copy.deepcopy(model)` (stock's one instance per session) copies the
-    weights only and the copy starts with an empty dict; the entry goes when the model is collected.
-    Thread-safe. Raises TypeError for an object that cannot be weakly referenced."""
+    beside the model, not on it: `copy.deepcopy(model)` copies the weights only and the copy starts with
+    an empty dict; the entry goes when the model is collected. Thread-safe. Raises TypeError for an object
+    that cannot be weakly referenced."""
     with _MODEL_STATE_LOCK:
         state = _MODEL_STATE.get(model)
         if state is None:
@@ -50,27 +103,12 @@ def model_state(model) -> dict:
         return state
 
 
-class InputError(ValueError):
-    """Bad input to a session (names the argument, the expectation and what came); nothing changed."""
-
-
-@dataclass
-class UnitOutput:
-    """One SPEAK unit's audio: float32 [samples] @ 24 kHz (the stock call's waveform before int16
-    quantisation, concatenated over the unit's calls) and the stock int16 PCM of the same samples."""
-    waveform: np.ndarray
-    pcm16: np.ndarray
-    info: dict = field(default_factory=dict)
-
-    @property
-    def samples(self) -> int:
-        return int(self.waveform.shape[-1])
-
-    def sha256(self) -> tuple[str, str]:
-        """(sha256 of the float32 little-endian bytes, sha256 of the int16 little-endian bytes)."""
-        f32 = np.ascontiguousarray(self.waveform, dtype="<f4").tobytes()
-        i16 = np.ascontiguousarray(self.pcm16, dtype="<i2").tobytes()
-        return hashlib.sha256(f32).hexdigest(), hashlib.sha256(i16).hexdigest()
+def model_lock(model) -> threading.RLock:
+    """The lock shared by every session of one model instance: held while a step repoints the shared
+    modules (duplexcadence.bind) and for eager runs and captures; never for a replay."""
+    state = model_state(model)
+    with _MODEL_STATE_LOCK:
+        return state.setdefault("lock", threading.RLock())
 
 
 def adapter(architecture: str):

@@ -62,7 +62,8 @@ from duplexcadence.adapters.flow_hift import to_pcm16
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import Clock, HeadTail, RegionSpec
 from duplexcadence.graphs import GraphCache
-from duplexcadence.runtime import InputError, UnitOutput
+from duplexcadence.errors import InputError
+from duplexcadence.session import UnitOutput
 
 # --- model facts (cited) -----------------------------------------------------------------------
 NUM_QUANTIZERS = 16          # Qwen3OmniMoeCode2WavConfig.num_quantizers (= released code2wav_config)

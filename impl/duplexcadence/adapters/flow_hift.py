@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from duplexcadence import upstream
-from duplexcadence.runtime import InputError, UnitOutput
+from duplexcadence.errors import InputError
+from duplexcadence.session import UnitOutput
 
 # --- model facts (cited) -----------------------------------------------------------------------
 VOCAB_SIZE = 6561            # S3 tokenizer v2 codebook (flow.yaml vocab_size)

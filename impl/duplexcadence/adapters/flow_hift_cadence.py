@@ -51,7 +51,9 @@ from duplexcadence.adapters.bounded_vocoder_cadence import ArenaVocoder
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import ClockError
 from duplexcadence.graphs import GraphCache
-from duplexcadence.runtime import InputError, UnitOutput, model_state
+from duplexcadence.errors import InputError
+from duplexcadence.runtime import model_state
+from duplexcadence.session import UnitOutput
 
 
 class _DeviceTimestepTable:

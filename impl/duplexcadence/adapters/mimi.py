@@ -33,7 +33,8 @@ from torch import nn
 from duplexcadence import clocks
 from duplexcadence.adapters.flow_hift import to_pcm16
 from duplexcadence.clocks import Clock, Fixed, RegionSpec, Ring
-from duplexcadence.runtime import InputError, UnitOutput
+from duplexcadence.errors import InputError
+from duplexcadence.session import UnitOutput
 
 # --- model facts (cited) -----------------------------------------------------------------------
 MOSHI_VERSION = "0.2.13"

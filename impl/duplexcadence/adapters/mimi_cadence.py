@@ -40,7 +40,7 @@ from duplexcadence.adapters.mimi import (
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import Ring
 from duplexcadence.graphs import GraphCache
-from duplexcadence.runtime import UnitOutput
+from duplexcadence.session import UnitOutput
 
 
 def _host_waveform(pcm: torch.Tensor) -> np.ndarray:

@@ -69,7 +69,8 @@ import torch
 from duplexcadence import clocks as _clocks
 from duplexcadence import upstream
 from duplexcadence.adapters import flow_hift as fh
-from duplexcadence.runtime import InputError, UnitOutput
+from duplexcadence.errors import InputError
+from duplexcadence.session import UnitOutput
 
 UPSTREAM = ("stepfun-ai/Step-Audio2 @ b1bb23c4fd455dbbce8f1736c721411b3f5cf4c1: token2wav.py, "
             "examples-vllm-stream.py")

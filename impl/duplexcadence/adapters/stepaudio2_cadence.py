@@ -100,7 +100,8 @@ from duplexcadence.adapters.flow_hift_cadence import PREPARE_SEED, _DeviceTimest
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import ClockError
 from duplexcadence.graphs import GraphCache
-from duplexcadence.runtime import InputError, UnitOutput
+from duplexcadence.errors import InputError
+from duplexcadence.session import UnitOutput
 
 GRAPH_MODES = {False: None, None: None, True: "dit", "dit": "dit", "dit+hift": "dit+hift"}
 #: The longest HiFT input: 8 cached mel frames + the longest call (a flush of 27 tokens: 54 frames).

@@ -1,0 +1,110 @@
+"""Checks of what callers pass in, and the in-place shift every sliding region uses.
+
+Each check raises `InputError` naming the argument, what was expected and what came, and returns a clean
+value; none changes any state, so a session can check its whole unit before anything runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from duplexcadence.errors import InputError
+
+_NOT_A_SEQUENCE = (str, bytes, bytearray, memoryview, set, frozenset, dict)
+
+
+def is_int(x) -> bool:
+    """An int (numpy ints too) that is not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def check_int(name: str, x, *, low: int | None = None, high: int | None = None, error=InputError) -> int:
+    """`x` as an int in [low, high] (either bound optional). Raises `error` (InputError) naming `name`."""
+    if not is_int(x) or (low is not None and x < low) or (high is not None and x > high):
+        bounds = f" in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        raise error(f"{name}: expected an int{bounds if low is not None or high is not None else ''}, "
+                    f"got {x!r} ({type(x).__name__})")
+    return int(x)
+
+
+def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") -> list[int]:
+    """Speech token ids: a sequence of at most `max_count` ints in [0, vocab). Returns them as a list."""
+    if (isinstance(tokens, _NOT_A_SEQUENCE) or not hasattr(tokens, "__iter__")
+            or getattr(tokens, "ndim", 1) == 0):
+        raise InputError(f"{name}: expected a sequence of ints in [0, {vocab}), got {type(tokens).__name__}")
+    out = []
+    for i, t in enumerate(tokens):
+        if not is_int(t):
+            raise InputError(f"{name}[{i}]: expected an int token id, got {t!r} ({type(t).__name__})")
+        if not 0 <= int(t) < vocab:
+            raise InputError(f"{name}[{i}]: token id {int(t)} outside [0, {vocab})")
+        out.append(int(t))
+    if len(out) > max_count:
+        raise InputError(f"{name}: at most {max_count} per unit, got {len(out)}")
+    return out
+
+
+def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int, name: str = "codes") -> torch.Tensor:
+    """One unit's codec frames: `n_q` codebooks x F frames (1 <= F <= max_frames) of ids in [0, cardinality).
+
+    Accepts a list of n_q lists of ints, or an integer CPU torch tensor / numpy array [n_q, F]. Returns an
+    int64 CPU tensor [n_q, F] (a copy)."""
+    want = f"{n_q} codebooks x 1..{max_frames} frames of ids in [0, {cardinality})"
+    if isinstance(codes, torch.Tensor) and codes.device.type != "cpu":
+        raise InputError(f"{name}: expected a CPU tensor (host payload), got one on {codes.device}")
+    if isinstance(codes, (torch.Tensor, np.ndarray)):
+        try:
+            t = torch.as_tensor(codes)
+        except (TypeError, ValueError, RuntimeError) as exc:      # e.g. a numpy object array
+            raise InputError(f"{name}: expected an integer array [{n_q}, frames], got {exc}") from None
+        if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
+            raise InputError(f"{name}: expected an integer tensor [{n_q}, frames], got dtype {t.dtype}")
+        if t.dim() != 2 or t.shape[0] != n_q:
+            raise InputError(f"{name}: expected shape [{n_q}, frames] ({want}), got {list(t.shape)}")
+        t = t.detach().to(torch.int64, copy=True)
+    else:
+        if isinstance(codes, (str, bytes)) or not isinstance(codes, (list, tuple)):
+            raise InputError(f"{name}: expected {want} as a list of {n_q} lists, got {type(codes).__name__}")
+        if len(codes) != n_q:
+            raise InputError(f"{name}: expected {n_q} codebooks, got {len(codes)}")
+        for q, row in enumerate(codes):
+            if not isinstance(row, (list, tuple)):
+                raise InputError(f"{name}[{q}]: expected a list of ints, got {type(row).__name__}")
+            for f, c in enumerate(row):
+                if not is_int(c):
+                    raise InputError(f"{name}[{q}][{f}]: expected an int code id, got {c!r} ({type(c).__name__})")
+        lengths = sorted({len(row) for row in codes})
+        if len(lengths) != 1:
+            raise InputError(f"{name}: every codebook needs the same frame count, got lengths {lengths}")
+        t = torch.tensor([[int(c) for c in row] for row in codes], dtype=torch.int64).reshape(n_q, lengths[0])
+    frames = int(t.shape[1])
+    if not 1 <= frames <= max_frames:
+        raise InputError(f"{name}: expected 1..{max_frames} frames per unit (12.5 Hz), got {frames}")
+    bad = (t < 0) | (t >= cardinality)
+    if bool(bad.any()):
+        q, f = (int(i) for i in bad.nonzero()[0])
+        raise InputError(f"{name}[{q}][{f}]: code id {int(t[q, f])} outside [0, {cardinality})")
+    return t
+
+
+def shift_left_(buf: torch.Tensor, length: int, by: int, dim: int = -1) -> None:
+    """buf[..., :length-by] = buf[..., by:length] along `dim`, in place and in pieces no longer than `by`,
+    so that no piece reads what an earlier piece wrote: the stock trims `cat(x[..., :head], x[..., -tail:])`
+    and `x[..., keep:].clone()` as one device copy per piece inside the same buffer (the address stays)."""
+    if by <= 0:
+        return
+    keep = length - by
+    for i in range(0, keep, by):
+        w = min(by, keep - i)
+        buf.narrow(dim, i, w).copy_(buf.narrow(dim, by + i, w))
+
+
+def move_tail_(buf: torch.Tensor, head: int, length: int, tail: int, dim: int = -1) -> None:
+    """buf[..., head:head+tail] = buf[..., length-tail:length] along `dim`, in place (pieces no longer than
+    the shift): the stock `cat(x[..., :head], x[..., -tail:])` of a region already laid out in `buf`."""
+    shift = length - (head + tail)
+    if shift <= 0:
+        return
+    for i in range(0, tail, shift):
+        w = min(shift, tail - i)
+        buf.narrow(dim, head + i, w).copy_(buf.narrow(dim, head + shift + i, w))

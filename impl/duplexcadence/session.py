@@ -1,0 +1,196 @@
+"""The one session protocol every adapter implements, stock and DuplexCadence alike.
+
+A session is one caller's stream of speech on one model instance: ``start_turn()``, then
+``speak(payload, final=...)`` once per one-second SPEAK unit, the last unit of a turn with ``final=True``;
+``prepare(signatures)`` captures graphs ahead of time; ``state()`` reads the streaming state; ``stats()``
+returns the same `SessionStats` fields for every adapter; ``close()`` frees the session's memory at once.
+What a session can do is declared in `Capabilities`, never discovered.
+
+Payloads (what the AR stage emitted during the unit): speech token ids ``list[int]`` @ 25 Hz for the
+flow-matching decoders (MiniCPM-o 4.5, Step-Audio 2), codec frames ``[n_q][frames]`` @ 12.5 Hz for Mimi
+(Moshi, n_q = 8) and Code2Wav (Qwen3-Omni, n_q = 16). Every error a session raises is an
+`duplexcadence.errors.InputError` and leaves the session's state and clocks exactly as they were.
+"""
+from __future__ import annotations
+
+import abc
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from duplexcadence.clocks import Signature
+from duplexcadence.errors import ClosedError, InputError
+
+TURN_STATES = ("reset", "carried", "stream")
+PAYLOADS = ("tokens", "frames")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a session does, declared by its class.
+
+    turn_state: what start_turn does to the streaming state: "reset" (back to the voice's base state),
+    "carried" (caches carry over turns, as Step-Audio 2's upstream driver does) or "stream" (one continuous
+    stream; start_turn is a no-op, Moshi). concurrent: the session may speak on its own host thread while
+    other sessions of the same model instance speak on theirs (False: the caller must serialise, and the
+    runtime raises ConcurrencyError where it can tell). graphs: captures CUDA graphs (on CUDA).
+    payload: "tokens" or "frames"; max_payload: the most tokens / frames one unit may carry.
+    """
+    turn_state: str
+    concurrent: bool
+    graphs: bool
+    payload: str
+    max_payload: int
+
+    def __post_init__(self):
+        if self.turn_state not in TURN_STATES:
+            raise ValueError(f"turn_state: expected one of {TURN_STATES}, got {self.turn_state!r}")
+        if self.payload not in PAYLOADS:
+            raise ValueError(f"payload: expected one of {PAYLOADS}, got {self.payload!r}")
+
+
+@dataclass
+class SessionStats:
+    """The same counters for every adapter and mode (zeros where a mode has none: stock captures nothing).
+
+    units: SPEAK units spoken; captures / replays / eager_runs: graph captures, replays and eager steps
+    (graphs off, or a signature kept eager); warmup_runs: eager first occurrences before a capture;
+    eager_fallbacks: steps that ran eagerly because their signature was not captured (after the graph set
+    was closed, or a failed capture); capture_failures; graphs: graphs held; graph_bytes: their pool bytes
+    (torch allocator reserve growth during capture); arena_bytes_reserved / arena_bytes_mapped: the
+    session's arena (address space / physical memory). detail: adapter-specific facts, JSON-safe.
+    """
+    units: int = 0
+    captures: int = 0
+    replays: int = 0
+    eager_runs: int = 0
+    warmup_runs: int = 0
+    eager_fallbacks: int = 0
+    capture_failures: int = 0
+    graphs: int = 0
+    graph_bytes: int = 0
+    arena_bytes_reserved: int = 0
+    arena_bytes_mapped: int = 0
+    detail: dict = field(default_factory=dict)
+
+    COUNTERS = ("captures", "replays", "eager_runs", "warmup_runs", "eager_fallbacks", "capture_failures")
+
+    @classmethod
+    def of(cls, *, units: int, graphs=None, arena=None, **detail) -> "SessionStats":
+        """From a session's GraphCache (duplexcadence.graphs) and Arena (duplexcadence.arena), either None."""
+        out = cls(units=units, detail=detail)
+        if graphs is not None:
+            for name in cls.COUNTERS:
+                setattr(out, name, getattr(graphs.stats, name))
+            out.graphs, out.graph_bytes = len(graphs.entries), graphs.pool_bytes
+            if graphs.stats.failures:
+                out.detail["capture_failure_messages"] = [f[:300] for f in graphs.stats.failures[:3]]
+        if arena is not None:
+            out.arena_bytes_reserved, out.arena_bytes_mapped = arena.bytes_reserved, arena.bytes_mapped
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class UnitOutput:
+    """One SPEAK unit's audio: float32 [samples] @ 24 kHz (the stock call's waveform before int16
+    quantisation, concatenated over the unit's calls) and the stock int16 PCM of the same samples."""
+    waveform: np.ndarray
+    pcm16: np.ndarray
+    info: dict = field(default_factory=dict)
+
+    @property
+    def samples(self) -> int:
+        return int(self.waveform.shape[-1])
+
+    def sha256(self) -> tuple[str, str]:
+        """(sha256 of the float32 little-endian bytes, sha256 of the int16 little-endian bytes)."""
+        f32 = np.ascontiguousarray(self.waveform, dtype="<f4").tobytes()
+        i16 = np.ascontiguousarray(self.pcm16, dtype="<i2").tobytes()
+        return hashlib.sha256(f32).hexdigest(), hashlib.sha256(i16).hexdigest()
+
+
+def to_pcm16(wave: np.ndarray) -> np.ndarray:
+    """Stock int16 quantisation, shared by every released driver: clip to [-1, 1], scale by 32767, truncate
+    (stepaudio2 token2wav.py L278-279; Step-Audio2 token2wav.py L164-167; moshi and Qwen3-Omni servers)."""
+    return (np.clip(wave, -1.0, 1.0) * 32767.0).astype("<i2")
+
+
+def host_waveform(wave: torch.Tensor) -> np.ndarray:
+    """A device waveform (any shape) as a fresh float32 numpy array [samples]: the unit's one device-to-host
+    copy. Always a copy: on CPU `.cpu()` returns the tensor itself, which may be an arena view."""
+    return np.array(wave.detach().reshape(-1).cpu().numpy(), dtype=np.float32, copy=True)
+
+
+def unit_output(waves: Iterable[np.ndarray], **info) -> UnitOutput:
+    """UnitOutput of a unit's calls: their float32 waveforms concatenated (empty: no samples) and its PCM."""
+    parts = [np.asarray(w, dtype=np.float32).reshape(-1) for w in waves]
+    wave = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    return UnitOutput(wave, to_pcm16(wave), info)
+
+
+class Session(abc.ABC):
+    """Base of every session (module docstring). Subclasses set `capabilities` and implement the
+    abstract methods; `close()` must free the session's device and host memory without waiting for the
+    cycle collector, after which every method raises ClosedError."""
+
+    capabilities: Capabilities
+    closed: bool = False
+
+    @abc.abstractmethod
+    def start_turn(self) -> None:
+        """Open a turn (Capabilities.turn_state says what it does to the state). Raises ClosedError."""
+
+    @abc.abstractmethod
+    def speak(self, payload, *, final: bool = False) -> UnitOutput:
+        """One SPEAK unit: payload -> float32 waveform @ 24 kHz and its int16 PCM. `final` ends the turn
+        (flushes the stream where the model has a flush). Raises InputError (LimitError past a bound)
+        before anything changes."""
+
+    def signatures(self, size: int, final: bool = False) -> list[Signature]:
+        """The signatures of every step the next unit would run with a payload of `size` tokens / frames,
+        computed from the clocks alone (nothing runs, nothing changes). Raises InputError for a size the
+        session would refuse, LimitError past a bound."""
+        return []
+
+    def prepare(self, signatures: Iterable[Signature] | None = None) -> dict:
+        """Capture graphs ahead of time, changing neither state nor clocks: `signatures` (from
+        `signatures()`), or None for what the clocks say every turn of this voice needs. Returns the
+        counters' change. A no-op (zeros) where the session captures nothing (stock, CPU)."""
+        return {k: 0 for k in SessionStats.COUNTERS}
+
+    @abc.abstractmethod
+    def state(self) -> dict:
+        """The streaming state now: region name -> tensor (a view of the logical contents; clone to keep)
+        and host clocks -> ints / bools. Tests compare it before and after a rejected unit."""
+
+    @abc.abstractmethod
+    def stats(self) -> SessionStats:
+        """The counters (SessionStats)."""
+
+    def close(self) -> None:
+        """Free the session's memory now. Further calls raise ClosedError; a second close() does nothing."""
+        self.closed = True
+
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise ClosedError(f"{what}: the session is closed; open another")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def check_final(final) -> bool:
+    """speak()'s `final` flag: a bool (numpy bool too). Raises InputError naming it (a string such as "no"
+    would otherwise end the turn)."""
+    if not isinstance(final, (bool, np.bool_)):
+        raise InputError(f"final: expected a bool, got {final!r} ({type(final).__name__})")
+    return bool(final)
