@@ -85,6 +85,24 @@ def stepaudio2():
     return importlib.import_module("stepaudio2.token2wav")
 
 
+def moshi():
+    """moshi==0.2.13's Mimi loader and CUDA-graph / compile switches: (moshi.models.loaders,
+    moshi.utils.compile). Raises UpstreamUnavailable if moshi is missing or another version."""
+    _check_version("moshi")
+    from moshi.models import loaders
+    from moshi.utils import compile as mcompile
+    return loaders, mcompile
+
+
+def qwen3_omni():
+    """transformers==5.17.0's Qwen3-Omni modules: (configuration_qwen3_omni_moe, modeling_qwen3_omni_moe).
+    Raises UpstreamUnavailable if transformers is missing or another version."""
+    _check_version("transformers")
+    from transformers.models.qwen3_omni_moe import configuration_qwen3_omni_moe as cfg
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as modeling
+    return cfg, modeling
+
+
 def _check_version(package: str) -> None:
     want = STOCK_VERSIONS[package]
     try:
