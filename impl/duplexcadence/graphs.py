@@ -188,12 +188,17 @@ class GraphCache:
     strict: after `close()`, an unseen signature raises SignatureError instead of running eagerly.
     arena: the session's Arena; its base address is checked on every replay.
     warmup: eager runs of a new signature before it is captured; warmed: a set shared across the caches
-    of one model (see the module docstring), None = per cache; lock: a context manager (e.g. a
+    of one model (see the module docstring), None = per cache; warm_key: what a warm-up is counted under
+    (default the signature itself; e.g. `lambda s: s.step` warms a whole step family with one eager run,
+    after which every signature of that family can be captured ahead); lock: a context manager (e.g. a
     threading.RLock shared per model) held around every eager run and capture, None = no lock.
+    inline: True captures a new signature inside `run` (after its warm-up); False never captures there:
+    an uncaptured signature runs eagerly and counts as an eager fallback, and graphs come only from
+    `capture` (ahead of time, outside any timed unit).
     """
 
     def __init__(self, device, *, enabled: bool | None = None, strict: bool = False, arena=None,
-                 warmup: int = 0, warmed: set | None = None, lock=None):
+                 warmup: int = 0, warmed: set | None = None, lock=None, warm_key=None, inline: bool = True):
         self.device = torch.device(device)
         self.enabled = (self.device.type == "cuda") if enabled is None else enabled
         if self.enabled and self.device.type != "cuda":
@@ -203,6 +208,8 @@ class GraphCache:
         self.warmup = warmup            # eager runs of a signature before it is captured (lazy inits)
         self.seen: dict = {}
         self.warmed = warmed
+        self.warm_key = warm_key or (lambda sig: sig)
+        self.inline = inline
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self.entries: dict[Hashable, GraphEntry] = {}
         self.eager_only: set = set()
@@ -244,13 +251,14 @@ class GraphCache:
             return entry.outputs
         with self.lock:
             if self._needs_warmup(signature):
-                self.seen[signature] = self.seen.get(signature, 0) + 1
-                if self.warmed is not None and self.seen[signature] >= self.warmup:
-                    self.warmed.add(signature)
+                key = self.warm_key(signature)
+                self.seen[key] = self.seen.get(key, 0) + 1
+                if self.warmed is not None and self.seen[key] >= self.warmup:
+                    self.warmed.add(key)
                 self.stats.warmup_runs += 1
                 return step()
-            if self.closed:
-                if self.strict:
+            if self.closed or not self.inline:
+                if self.strict and self.closed:
                     raise SignatureError(f"signature {signature!r} was not captured before close() "
                                          f"(known: {len(self.entries)})")
                 self.stats.eager_fallbacks += 1
@@ -260,9 +268,10 @@ class GraphCache:
     def _needs_warmup(self, signature) -> bool:
         """True while `signature` has had fewer than `warmup` eager runs, here or (with `warmed`) in any
         cache sharing the set; never after close()."""
-        if self.closed or self.seen.get(signature, 0) >= self.warmup:
+        key = self.warm_key(signature)
+        if self.closed or self.seen.get(key, 0) >= self.warmup:
             return False
-        return self.warmed is None or signature not in self.warmed
+        return self.warmed is None or key not in self.warmed
 
     def capture(self, signature: Hashable, step: Callable[[], object]) -> bool:
         """Capture `signature` ahead of time without running it: the step's kernels are recorded, not run,

@@ -14,6 +14,7 @@ flow-matching decoders (MiniCPM-o 4.5, Step-Audio 2), codec frames ``[n_q][frame
 from __future__ import annotations
 
 import abc
+import copy
 import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
@@ -134,6 +135,25 @@ def unit_output(waves: Iterable[np.ndarray], **info) -> UnitOutput:
     return UnitOutput(wave, to_pcm16(wave), info)
 
 
+class ClockState(abc.ABC):
+    """A copy of one session's host clocks (token buffer, region lengths, offsets): advance it to learn,
+    from the clocks alone, the signatures of the steps later units would run. Nothing runs, no tensor is
+    touched, and the session itself does not move. The session's own `speak` computes its signatures with
+    the same code, so a prediction is what the step will use."""
+
+    @abc.abstractmethod
+    def start_turn(self) -> None:
+        """Advance as the session's start_turn would."""
+
+    @abc.abstractmethod
+    def unit(self, size: int, final: bool = False) -> list[Signature]:
+        """Advance by one SPEAK unit of `size` tokens / frames; return the signatures of its steps, in order.
+        Raises what speak would raise for that size (InputError; LimitError past a bound)."""
+
+    def copy(self) -> "ClockState":
+        return copy.deepcopy(self)
+
+
 class Session(abc.ABC):
     """Base of every session (module docstring). Subclasses set `capabilities` and implement the
     abstract methods; `close()` must free the session's device and host memory without waiting for the
@@ -152,11 +172,15 @@ class Session(abc.ABC):
         (flushes the stream where the model has a flush). Raises InputError (LimitError past a bound)
         before anything changes."""
 
+    @abc.abstractmethod
+    def clocks(self) -> ClockState:
+        """A copy of the session's host clocks now (ClockState). Raises ClosedError."""
+
     def signatures(self, size: int, final: bool = False) -> list[Signature]:
         """The signatures of every step the next unit would run with a payload of `size` tokens / frames,
         computed from the clocks alone (nothing runs, nothing changes). Raises InputError for a size the
         session would refuse, LimitError past a bound."""
-        return []
+        return self.clocks().unit(size, final)
 
     def prepare(self, signatures: Iterable[Signature] | None = None) -> dict:
         """Capture graphs ahead of time, changing neither state nor clocks: `signatures` (from
