@@ -252,6 +252,17 @@ def load_script(path, fmt: PayloadFormat | None = None) -> SessionScript:
     return SessionScript(path, tuple(units), fmt)
 
 
+def script_from_rows(rows: list[dict], fmt: PayloadFormat, name: str) -> SessionScript:
+    """A session script made in memory (e.g. `workloads.traffic`), validated as `load_script` validates a
+    file; `name` stands in for the path in errors and records. Raises ScriptError as load_script does."""
+    path = Path(name)
+    for i, row in enumerate(rows):
+        _check_types(path, i, i + 1, row)
+    units = [_unit(path, i, i + 1, row, fmt) for i, row in enumerate(rows)]
+    _check_turns(path, units, list(range(1, len(rows) + 1)))
+    return SessionScript(path, tuple(units), fmt)
+
+
 def read_local(builder: str, path: Path) -> list[dict]:
     """Rows of a local data file read with `datasets.load_dataset(builder, data_files=path)`, kept in
     memory with a throwaway cache directory; datasets' progress bars are off for the call only."""

@@ -35,6 +35,7 @@ Payloads (random.Random(seed), seed = the workload's seeds["tokens"], drawn in u
 """
 from __future__ import annotations
 
+import functools
 import json
 import random
 from pathlib import Path
@@ -54,11 +55,17 @@ FIRST_MIN_TOKENS = 8          # flush-loop minimum: pre_lookahead + 5 (unified l
 FINAL_REMAINDERS = (0, 1, 2, 3, 4)   # + 3 carried lookahead tokens = end-of-turn flushes of 3..7
 
 
+@functools.lru_cache(maxsize=1)
+def timing_rows() -> tuple:
+    """The rows of the VoxConverse timing file (read once per process)."""
+    return tuple(read_local("csv", TIMINGS))
+
+
 def speech_ms(recording: str = RECORDING, speaker: str = MODEL_SPEAKER, start_ms: int = WINDOW_START_MS,
               units: int = WINDOW_UNITS) -> list[int]:
     """Milliseconds of `speaker`'s speech in each one-second unit of the window (segments merged).
     Raises ValueError if the recording or speaker is not in the timing file."""
-    rows = [r for r in read_local("csv", TIMINGS) if r["recording_id"] == recording]
+    rows = [r for r in timing_rows() if r["recording_id"] == recording]
     segs = sorted((round(r["start_s"] * 1000), round(r["end_s"] * 1000)) for r in rows
                   if r["speaker"] == speaker)
     if not segs:
@@ -109,10 +116,13 @@ def token_counts(speech: list[int], turns: list[int | None]) -> list[int]:
     return out
 
 
-def rows_for(architecture: str, seed: int) -> list[dict]:
-    """The script rows of one payload format, payloads drawn from random.Random(seed) in unit order."""
+def rows_for(architecture: str, seed: int, *, recording: str = RECORDING, speaker: str = MODEL_SPEAKER,
+             start_ms: int = WINDOW_START_MS, units: int = WINDOW_UNITS) -> list[dict]:
+    """The script rows of one payload format, payloads drawn from random.Random(seed) in unit order, on the
+    LISTEN/SPEAK pattern of `speaker` in `units` seconds of `recording` from `start_ms` (default: the
+    committed scripts' window)."""
     fmt = FORMATS[architecture]
-    speech = speech_ms()
+    speech = speech_ms(recording, speaker, start_ms, units)
     turns = turns_of(speech)
     counts = token_counts(speech, turns)
     rng = random.Random(seed)

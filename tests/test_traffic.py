@@ -1,0 +1,69 @@
+"""workloads.traffic: per-session real turn-taking scripts that join during a run."""
+from __future__ import annotations
+
+import pytest
+
+from workloads import make_sessions, traffic
+from workloads.common import ScriptError
+
+
+def test_every_window_has_turns_and_speech_and_lies_in_its_recording():
+    wins = traffic.windows(60)
+    assert len({w.recording for w in wins}) == 27           # every recording of the timing file contributes
+    for w in wins[::17]:
+        ms = make_sessions.speech_ms(w.recording, w.speaker, w.start_ms, w.units)
+        speak = [m >= make_sessions.SPEAK_MIN_MS for m in ms]
+        assert sum(speak) >= traffic.MIN_SPEAK_UNITS
+        turns = sum(1 for k, s in enumerate(speak) if s and (k == 0 or not speak[k - 1]))
+        assert turns >= traffic.MIN_TURNS
+
+
+def test_sessions_get_different_windows_and_join_inside_the_spread():
+    run = traffic.traffic("flow_hift", 12, seed=3, join_within_s=20.0)
+    assert [a.session for a in run] == list(range(12))
+    assert len({a.window for a in run}) == 12
+    assert run[0].join_s == 0.0 and all(0.0 <= a.join_s < 20.0 for a in run)
+    assert len({round(a.join_s, 6) for a in run}) == 12
+    for a in run:
+        assert len(a.script.units) == 60
+        assert all(len(u.tokens) <= 25 for u in a.script.speak_units)
+        assert all(t[-1].final for t in a.script.turns)
+
+
+def test_deterministic_for_a_seed_and_different_for_another():
+    a = traffic.traffic("code2wav", 3, seed=5)
+    b = traffic.traffic("code2wav", 3, seed=5)
+    c = traffic.traffic("code2wav", 3, seed=6)
+    assert [(x.window, x.join_s, x.script.units) for x in a] == [(x.window, x.join_s, x.script.units) for x in b]
+    assert [x.window for x in a] != [x.window for x in c]
+
+
+def test_moshi_sessions_carry_codes_on_every_unit_on_the_exact_clock():
+    run = traffic.traffic("mimi", 2, seed=1)
+    for a in run:
+        frames = [len(u.codes[0]) for u in a.script.units]
+        assert frames == [make_sessions.frames_in_unit(k) for k in range(60)]
+
+
+def test_the_committed_window_is_one_of_the_generators_outputs():
+    rows = make_sessions.rows_for("flow_hift", 1)
+    again = make_sessions.rows_for("flow_hift", 1, recording=make_sessions.RECORDING,
+                                   speaker=make_sessions.MODEL_SPEAKER, start_ms=make_sessions.WINDOW_START_MS,
+                                   units=make_sessions.WINDOW_UNITS)
+    assert rows == again
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5])
+def test_bad_counts_are_refused(bad):
+    with pytest.raises(ValueError, match="expected an int >= 1"):
+        traffic.traffic("flow_hift", bad)
+    if bad is not True:
+        with pytest.raises(ValueError, match="units"):
+            traffic.windows(bad)
+
+
+def test_script_rows_are_validated_like_a_file():
+    rows = make_sessions.rows_for("flow_hift", 1)
+    rows[5] = dict(rows[5], unit=99)
+    with pytest.raises(ScriptError, match="unit"):
+        traffic.script_from_rows(rows, traffic.FORMATS["flow_hift"], "bad")
