@@ -1,5 +1,6 @@
-"""duplexcadence.bind: swaps of attributes and registered buffers for the body of a `with`, undone on the way
-out (also when the body raises), nested on one thread, refused across threads, under the model's lock."""
+"""duplexcadence.bind: swaps of attributes and registered buffers (module._buffers, read here through
+named_buffers()) for the body of a `with`, undone on the way out (also when the body raises), nested on one
+thread, refused across threads, under the model's lock."""
 from __future__ import annotations
 
 import threading
@@ -79,10 +80,10 @@ def test_a_buffer_is_swapped_in_the_registry_and_restored():
     m = WithBuffer()
     cache, view = m.cache, torch.full((4,), 7.0)
     with bind.bound(bind.buffer(m, "cache", view)):
-        assert m.cache is view and m._buffers["cache"] is view
+        assert m.cache is view and dict(m.named_buffers())["cache"] is view
         assert torch.equal(m.state_dict()["cache"], view)
         assert "cache" not in vars(m)                         # not shadowed by an instance attribute
-    assert m.cache is cache and m._buffers["cache"] is cache
+    assert m.cache is cache and dict(m.named_buffers())["cache"] is cache
     assert set(m.state_dict()) == {"cache"}                  # the non-persistent one stays out
 
 
@@ -91,7 +92,7 @@ def test_an_unknown_buffer_name_raises_key_error_and_undoes_the_earlier_patches(
     with pytest.raises(KeyError, match="no registered buffer 'cahce'"):
         with bind.bound(bind.attr(s, "offset", 99), bind.buffer(m, "cahce", torch.zeros(4))):
             pytest.fail("the body ran")
-    assert s.offset == 3 and "cahce" not in m._buffers and not hasattr(m, "cahce")
+    assert s.offset == 3 and "cahce" not in dict(m.named_buffers()) and not hasattr(m, "cahce")
 
 
 # --- exceptions, nesting, counts -----------------------------------------------------------------
