@@ -166,6 +166,31 @@ def test_another_threads_patch_of_the_same_name_is_refused_and_nothing_changes()
     assert errors == [] and s.offset == 3
 
 
+def test_a_buffer_swap_and_an_attr_swap_of_the_same_name_on_two_threads_are_refused():
+    """`bind.buffer(m, "cache", ...)` and `bind.attr(m, "cache", ...)` both repoint `m.cache`: the same
+    (object, name), so the second thread's patch is refused whichever kind it is."""
+    m = WithBuffer()
+    cache = m.cache
+    inside, leave = threading.Event(), threading.Event()
+
+    def holder():
+        with bind.bound(bind.buffer(m, "cache", torch.ones(4))):
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert inside.wait(10)
+    try:
+        with pytest.raises(ConcurrencyError):
+            with bind.bound(bind.attr(m, "cache", torch.full((4,), 2.0))):
+                pass
+    finally:
+        leave.set()
+        t.join(10)
+    assert m.cache is cache
+
+
 def test_the_lock_is_held_from_the_first_swap_until_the_last_undo():
     s, lock, log = Stock(), threading.RLock(), []
     inside, leave = threading.Event(), threading.Event()

@@ -47,6 +47,17 @@ def test_adapter_of_an_unknown_architecture_names_the_known_ones():
         runtime.adapter("hifigan")
 
 
+def test_a_key_error_inside_an_adapters_import_is_not_reported_as_an_unknown_architecture(tmp_path, monkeypatch):
+    """An adapter module that fails at import with a KeyError (a missing table entry, say) must surface that
+    error, not "architecture ...: expected one of" for an architecture that is in the list."""
+    (tmp_path / "broken_adapter_for_test.py").write_text("TABLE = {}\nSIZE = TABLE['missing']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(ADAPTERS, "broken", "broken_adapter_for_test")
+    with pytest.raises(KeyError) as info:
+        runtime.adapter("broken")
+    assert "expected one of" not in str(info.value) and "missing" in str(info.value)
+
+
 def test_an_open_model_hands_its_native_object_mode_and_options_to_the_adapter():
     class FakeAdapter:
         def __init__(self):
