@@ -1,13 +1,37 @@
-"""duplexcadence.graphs.StreamLeases: a stream per live holder, never torch's wrapped-around pool stream."""
+"""duplexcadence.graphs: GraphCache dispatch (eager on CPU, inline=False, capture ahead of time, warm-up by
+family, strict mode, ArenaMoved, drop) and StreamLeases (a stream per live holder, never torch's
+wrapped-around pool stream); on CUDA, a capture stream handed from a dropped cache to a new one keeps no
+block of the first cache's graph pool (its cuBLAS workspace is primed outside it).
+"""
 from __future__ import annotations
 
 import gc
 import itertools
+import threading
 
 import pytest
 import torch
 
-from duplexcadence.graphs import STREAMS, GraphCache, StreamLeases
+from duplexcadence import graphs
+from duplexcadence.arena import Arena
+from duplexcadence.clocks import signature
+from duplexcadence.graphs import (STREAMS, ArenaMoved, GraphCache, GraphEntry, SignatureError, StreamLeases,
+                                  prime_workspace)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture")
+
+
+def _has_cuda_python() -> bool:
+    try:
+        from cuda.bindings import driver  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+needs_fresh_streams = pytest.mark.skipif(
+    not (torch.cuda.is_available() and _has_cuda_python()),
+    reason="needs CUDA and cuda-python: a driver stream that no earlier test ran a GEMM on")
 
 
 class _FakeStream:
@@ -104,3 +128,380 @@ def test_a_finalizer_run_by_a_collection_inside_acquire_does_not_deadlock():
     assert not t.is_alive(), "acquire() deadlocked on a finalizer's release"
     assert leases.leased() == 1 and got[0].cuda_stream != first     # the collected one is free again
     assert leases.acquire("cuda:0").cuda_stream == first
+
+
+def test_concurrent_acquires_from_many_threads_never_share_a_stream():
+    create, made = _fresh_creator()
+    leases = StreamLeases(create)
+    got, start = [], threading.Barrier(8)
+
+    def worker():
+        start.wait()
+        mine = [leases.acquire("cuda:0") for _ in range(25)]
+        got.extend(mine)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(got) == 200 and len({s.cuda_stream for s in got}) == 200
+    assert leases.leased() == 200 and len(made) == 200
+    for s in got:
+        leases.release(s)
+    assert leases.leased() == 0
+
+
+def test_release_later_queues_the_stream_until_the_next_call():
+    create, made = _fresh_creator()
+    leases = StreamLeases(create)
+    a, b = leases.acquire("cuda:0"), leases.acquire("cuda:0")
+    leases.release_later(a)
+    assert leases.leased() == 1                              # leased() gives the queued one back first
+    assert leases.acquire("cuda:0") is a and len(made) == 2  # reused, not a new stream
+    leases.release_later(b)
+    leases.release(a)                                        # release() drains the queue too
+    assert leases.leased() == 0
+
+
+# --- GraphCache dispatch on CPU --------------------------------------------------------------------
+class _Counter:
+    """A step: counts its runs and whether the cache's lock was held while it ran."""
+
+    def __init__(self, lock=None):
+        self.runs, self.locked, self.lock = 0, [], lock
+
+    def __call__(self):
+        self.runs += 1
+        self.locked.append(self.lock.held if self.lock is not None else None)
+        return f"out{self.runs}"
+
+
+class _FlagLock:
+    """A context-manager lock that says whether it is held (a fake of the model's RLock)."""
+
+    def __init__(self):
+        self.held, self.entered = False, 0
+
+    def __enter__(self):
+        self.held = True
+        self.entered += 1
+
+    def __exit__(self, *exc):
+        self.held = False
+
+
+class _FakeGraph:
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def _dispatch_cache(**kw) -> GraphCache:
+    """A CPU GraphCache switched to the CUDA dispatch (`enabled`), for the host-side paths that never reach a
+    capture: warm-up runs, inline=False fallbacks, strict refusals, replays of a fake entry, drop."""
+    cache = GraphCache("cpu", **kw)
+    cache.enabled = True
+    return cache
+
+
+def test_cpu_cache_runs_every_step_eagerly_under_the_lock_and_counts_it():
+    lock = _FlagLock()
+    cache = GraphCache("cpu", lock=lock)
+    assert cache.enabled is False and cache.pool is None and cache.capture_stream is None
+    step = _Counter(lock)
+    a, b = signature("flow", 28, {"conformer_att": 300}), signature("flow", 28, {"conformer_att": 350})
+    assert [cache.run(a, step), cache.run(b, step), cache.run(a, step)] == ["out1", "out2", "out3"]
+    assert step.locked == [True, True, True] and not lock.held
+    assert cache.capture(a, step) is False and step.runs == 3          # nothing to capture on, nothing run
+    assert a not in cache and cache.entries == {}
+    s = cache.stats
+    assert (s.eager_runs, s.captures, s.replays, s.eager_fallbacks, s.warmup_runs) == (3, 0, 0, 0, 0)
+    assert s.snapshot()["eager_runs"] == 3
+
+
+def test_graphs_on_a_cpu_device_are_refused():
+    with pytest.raises(ValueError, match="graphs need a CUDA device, got cpu"):
+        GraphCache("cpu", enabled=True)
+
+
+def test_inline_false_never_captures_in_run_and_counts_eager_fallbacks():
+    lock = _FlagLock()
+    cache = _dispatch_cache(inline=False, lock=lock)
+    step = _Counter(lock)
+    sig = signature("vocoder", 10, {"history": 120})
+    assert cache.run(sig, step) == "out1" and cache.run(sig, step) == "out2"
+    assert step.locked == [True, True]
+    s = cache.stats
+    assert (s.eager_fallbacks, s.captures, s.eager_runs, s.warmup_runs) == (2, 0, 0, 0)
+    assert sig not in cache and cache.entries == {}
+
+
+def test_a_warm_up_is_counted_once_per_family_with_warm_key():
+    warmed = set()
+    cache = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
+    step = _Counter()
+    f28, f29 = signature("flow", 28, {"conformer_att": 300}), signature("flow", 29, {"conformer_att": 350})
+    voc = signature("vocoder", 10)
+    assert cache.capture(f28, step) is False and step.runs == 0       # the family is not warm yet
+    cache.run(f28, step)                                             # the one warm-up of "flow"
+    assert cache.stats.warmup_runs == 1 and warmed == {"flow"}
+    cache.run(f29, step)                                             # same family: no second warm-up
+    assert cache.stats.warmup_runs == 1 and cache.stats.eager_fallbacks == 1
+    cache.run(voc, step)
+    assert cache.stats.warmup_runs == 2 and warmed == {"flow", "vocoder"}
+    other = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
+    other.run(signature("flow", 30), step)                           # warmed in this process already
+    assert other.stats.warmup_runs == 0 and other.stats.eager_fallbacks == 1
+    assert step.runs == 4
+
+
+def test_without_warm_key_every_signature_warms_up_warmup_times():
+    cache = _dispatch_cache(inline=False, warmup=2)
+    step = _Counter()
+    a, b = signature("flow", 28), signature("flow", 29)
+    for _ in range(3):
+        cache.run(a, step)
+    cache.run(b, step)
+    assert cache.stats.warmup_runs == 3 and cache.stats.eager_fallbacks == 1 and step.runs == 4
+
+
+def test_strict_mode_refuses_an_uncaptured_signature_after_close():
+    cache = _dispatch_cache(inline=False, strict=True, warmup=1)
+    step = _Counter()
+    sig = signature("flow", 28)
+    cache.run(sig, step)                                   # before close: a warm-up, not an error
+    cache.close()
+    with pytest.raises(SignatureError, match=r"Signature\(flow, size=29\).*not captured before close"):
+        cache.run(signature("flow", 29), step)
+    assert issubclass(SignatureError, KeyError) and step.runs == 1
+    lenient = _dispatch_cache(inline=False, warmup=1)
+    lenient.close()
+    lenient.run(sig, step)                                 # no warm-up after close either: a fallback
+    assert lenient.stats.warmup_runs == 0 and lenient.stats.eager_fallbacks == 1
+
+
+def test_a_replay_checks_the_arena_base_and_takes_no_lock():
+    arena = Arena("cpu")
+    arena.declare("kv", (64,), torch.float32)
+    arena.allocate()
+    lock = _FlagLock()
+    cache = _dispatch_cache(arena=arena, lock=lock, inline=False)
+    step = _Counter(lock)
+    here, moved = signature("decode", 1, {"kv": 10}), signature("decode", 1, {"kv": 11})
+    graph, stale = _FakeGraph(), _FakeGraph()
+    cache.entries[here] = GraphEntry(here, graph, "static out", arena.base)
+    cache.entries[moved] = GraphEntry(moved, stale, "stale out", arena.base + 256)
+    assert cache.run(here, step) == "static out" and cache.run(here, step) == "static out"
+    assert graph.replays == 2 and cache.stats.replays == 2
+    assert lock.entered == 0 and step.runs == 0
+    with pytest.raises(ArenaMoved, match=f"{arena.base + 256:#x}.*{arena.base:#x}"):
+        cache.run(moved, step)
+    assert stale.replays == 0 and step.runs == 0 and cache.stats.replays == 2
+
+
+def test_drop_forgets_every_graph_and_later_steps_run_eagerly():
+    cache = _dispatch_cache()
+    sig = signature("decode", 1)
+    cache.entries[sig] = GraphEntry(sig, _FakeGraph(), "static out", 0)
+    step = _Counter()
+    cache.drop()
+    assert cache.closed and cache.entries == {} and cache.pool is None and sig not in cache
+    assert cache.run(sig, step) == "out1" and cache.stats.eager_fallbacks == 1
+    assert cache.capture(sig, step) is False and step.runs == 1
+
+
+# --- GraphCache on CUDA ----------------------------------------------------------------------------
+def _add_one(x):
+    def step():
+        return x.add_(1.0)
+    return step
+
+
+@needs_cuda
+def test_cuda_capture_records_without_running_and_replay_runs():
+    x = torch.zeros(1024, device="cuda")
+    cache = GraphCache("cuda", inline=False)
+    sig, step = signature("add_one", 1024), _add_one(x)
+    assert cache.capture(sig, step) is True and sig in cache
+    torch.cuda.synchronize()
+    assert int(torch.count_nonzero(x)) == 0                  # recorded, not run
+    assert cache.capture(sig, step) is True                  # already there: nothing recorded again
+    out = cache.run(sig, step)
+    torch.cuda.synchronize()
+    assert out.data_ptr() == x.data_ptr() and torch.equal(x.cpu(), torch.ones(1024))
+    cache.run(sig, step)
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.full((1024,), 2.0))
+    s = cache.stats
+    assert (s.captures, s.replays, s.eager_fallbacks, s.eager_runs) == (1, 2, 0, 0)
+    cache.drop()
+
+
+@needs_cuda
+def test_cuda_inline_false_runs_an_uncaptured_step_eagerly_and_counts_it():
+    x = torch.zeros(16, device="cuda")
+    cache = GraphCache("cuda", inline=False)
+    sig = signature("add_one", 16)
+    cache.run(sig, _add_one(x))
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(16))
+    assert cache.stats.eager_fallbacks == 1 and cache.stats.captures == 0 and sig not in cache
+    cache.drop()
+
+
+@needs_cuda
+def test_cuda_inline_captures_on_first_use_and_runs_it_once():
+    x = torch.zeros(16, device="cuda")
+    cache = GraphCache("cuda")
+    sig, step = signature("add_one", 16), _add_one(x)
+    cache.run(sig, step)
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(16)) and cache.stats.captures == 1 and sig in cache
+    replays = cache.stats.replays
+    cache.run(sig, step)
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.full((16,), 2.0)) and cache.stats.replays == replays + 1
+    assert cache.stats.captures == 1
+    cache.drop()
+
+
+@needs_cuda
+def test_cuda_a_family_warmed_once_captures_its_other_signatures_ahead():
+    x = torch.zeros(16, device="cuda")
+    cache = GraphCache("cuda", inline=False, warmup=1, warmed=set(), warm_key=lambda sig: sig.step)
+    step = _add_one(x)
+    a, b = signature("add_one", 16, {"kv": 1}), signature("add_one", 16, {"kv": 2})
+    assert cache.capture(a, step) is False                   # not warm: nothing recorded, nothing run
+    cache.run(a, step)                                       # the family's warm-up runs eagerly
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(16)) and cache.stats.warmup_runs == 1
+    assert cache.capture(b, step) is True
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(16))              # captured without running
+    cache.run(b, step)
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.full((16,), 2.0)) and cache.stats.replays == 1
+    cache.drop()
+
+
+@needs_cuda
+def test_cuda_strict_mode_and_arena_moved():
+    arena = Arena("cuda", backend="prealloc")
+    arena.declare("kv", (16,), torch.float32)
+    arena.allocate()
+    other = Arena("cuda", backend="prealloc")
+    other.declare("kv", (16,), torch.float32)
+    other.allocate()
+    x = arena["kv"].view((16,))
+    x.zero_()
+    cache = GraphCache("cuda", strict=True, arena=arena, inline=False)
+    sig, step = signature("add_one", 16), _add_one(x)
+    assert cache.capture(sig, step)
+    cache.close()
+    with pytest.raises(SignatureError):
+        cache.run(signature("add_one", 17), step)
+    cache.arena = other                                      # as if the session's arena had moved
+    with pytest.raises(ArenaMoved):
+        cache.run(sig, step)
+    torch.cuda.synchronize()
+    assert int(torch.count_nonzero(x)) == 0                  # neither ran anything
+    cache.arena = arena
+    cache.run(sig, step)
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(16))
+    cache.drop()
+    arena.close()
+    other.close()
+
+
+@needs_cuda
+def test_cuda_drop_runs_later_steps_eagerly():
+    x = torch.zeros(16, device="cuda")
+    cache = GraphCache("cuda", inline=False)
+    sig, step = signature("add_one", 16), _add_one(x)
+    assert cache.capture(sig, step)
+    cache.drop()
+    assert cache.entries == {} and cache.pool is None and cache.capture(sig, step) is False
+    cache.run(sig, step)
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(16)) and cache.stats.eager_fallbacks == 1
+
+
+@needs_fresh_streams
+def test_cuda_prime_workspace_counts_what_it_reserves_and_runs_once_per_stream():
+    leases = StreamLeases()                                  # a new driver stream: never primed
+    stream = leases.acquire("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved, allocated, primed = (torch.cuda.memory_reserved(), torch.cuda.memory_allocated(),
+                                   graphs.PRIMED_BYTES[0])
+    prime_workspace(stream)
+    grew = torch.cuda.memory_reserved() - reserved
+    assert graphs.PRIMED_BYTES[0] - primed == grew
+    assert torch.cuda.memory_allocated() > allocated         # the stream's workspace stays allocated
+    after = (torch.cuda.memory_reserved(), torch.cuda.memory_allocated(), graphs.PRIMED_BYTES[0])
+    prime_workspace(stream)
+    assert (torch.cuda.memory_reserved(), torch.cuda.memory_allocated(), graphs.PRIMED_BYTES[0]) == after
+    prime_workspace(None)
+    leases.release(stream)
+
+
+def _pool_segments(pool) -> list:
+    return [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == tuple(pool)]
+
+
+@needs_fresh_streams
+def test_cuda_a_stream_handed_from_a_dropped_cache_keeps_no_block_of_its_pool(monkeypatch):
+    """A session-like user captures two cuBLAS GEMMs (cublas and the cuBLASLt bias path) on its leased capture
+    stream and is dropped; its stream goes to a new cache, whose replay gives eager's bytes, and nothing of
+    the first cache's graph pool stays allocated: the stream's workspace was made outside it."""
+    monkeypatch.setattr(graphs, "STREAMS", StreamLeases())   # a stream no earlier test ran a GEMM on
+    gen = torch.Generator().manual_seed(22)
+    a, b, w = (torch.randn(shape, generator=gen).cuda() for shape in ((192, 256), (256, 320), (320, 128)))
+    bias = torch.randn(128, generator=gen).cuda()
+
+    def step():
+        return torch.addmm(bias, torch.mm(a, b), w)
+
+    expected = step()
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    sig = signature("gemm", 192)
+
+    first = GraphCache("cuda", inline=False)
+    stream, pool = first.capture_stream.cuda_stream, tuple(first.pool)
+    assert first.capture(sig, step) is True
+    out = first.run(sig, step)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+    assert _pool_segments(pool), "the graph's output should live in its pool while the cache does"
+    del out
+    first.drop()
+    del first
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert _pool_segments(pool) == []
+
+    allocated, primed = torch.cuda.memory_allocated(), graphs.PRIMED_BYTES[0]
+    second = GraphCache("cuda", inline=False)
+    assert second.capture_stream.cuda_stream == stream       # the dropped cache's stream, handed on
+    pool2 = tuple(second.pool)
+    assert pool2 != pool
+    assert second.capture(sig, step) is True
+    out = second.run(sig, step)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+    assert graphs.PRIMED_BYTES[0] == primed                  # primed once, by the first holder
+    del out
+    second.drop()
+    del second
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert _pool_segments(pool2) == []
+    assert torch.cuda.memory_allocated() == allocated
