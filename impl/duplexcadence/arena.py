@@ -130,8 +130,11 @@ class Arena:
 
     @property
     def bytes_reserved(self) -> int:
-        """Bytes of address space the arena holds (its regions' bounds, aligned)."""
-        return self._size
+        """Bytes of address space the arena holds: before allocate() its regions' bounds, aligned; after,
+        the block (cpu / prealloc) or the whole reservation (vmm, whole granules)."""
+        if self._vmm is not None:
+            return self._vmm.size
+        return self._size if self._block is None else self._block.numel()
 
     @property
     def bytes_mapped(self) -> int:

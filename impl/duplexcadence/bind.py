@@ -24,7 +24,8 @@ from duplexcadence.errors import ConcurrencyError
 
 _MISSING = object()
 _lock = threading.Lock()
-_live: dict[tuple[int, str, str], tuple[int, int]] = {}   # (id(owner), kind, name) -> (thread id, depth)
+_live: dict[tuple[int, str], tuple[int, int]] = {}   # (id(owner), name) -> (thread id, depth)
+_REGISTRIES = ("_parameters", "_buffers", "_modules")     # where torch.nn.Module keeps its members
 
 
 class Patch(NamedTuple):
@@ -56,7 +57,7 @@ def _claim(key) -> None:
     with _lock:
         owner, depth = _live.get(key, (me, 0))
         if owner != me:
-            raise ConcurrencyError(f"{key[1]} {key[2]!r} of a shared module is repointed by another thread's "
+            raise ConcurrencyError(f"{key[1]!r} of a shared module is repointed by another thread's "
                                    f"step; sessions of one model must take the model's lock around it")
         _live[key] = (me, depth + 1)
 
@@ -86,6 +87,10 @@ def _apply(p: Patch):
         raise ValueError(f"patch kind: expected 'attr' or 'buffer', got {p.kind!r}")
     store = vars(p.owner)
     old = store.get(p.name, _MISSING)
+    for registry in _REGISTRIES:           # an nn.Module member lives in a registry, not in __dict__
+        members = store.get(registry)
+        if old is _MISSING and isinstance(members, dict) and p.name in members:
+            old = members[p.name]
     setattr(p.owner, p.name, p.value)
 
     def undo():
@@ -105,7 +110,7 @@ def bound(*patches: Patch, lock=None):
         undo, claimed = [], []
         try:
             for p in patches:
-                key = (id(p.owner), p.kind, p.name)
+                key = (id(p.owner), p.name)
                 _claim(key)
                 claimed.append(key)
                 undo.append(_apply(p))

@@ -183,11 +183,25 @@ def signature(step: str, size: int, lengths: dict | None = None, **exact: Hashab
     """The Signature of one step from the clocks: `lengths` maps region -> length the step reads (from
     `schedule` or a RegionSpec walk), `exact` names any other exact value the step's kernels depend on.
     Raises TypeError for an unhashable value (a list would make an unusable key)."""
-    lengths = tuple(sorted((str(k), int(v)) for k, v in (lengths or {}).items()))
+    lengths = tuple(sorted((str(k), _whole(f"lengths[{k!r}]", v)) for k, v in (lengths or {}).items()))
     exact_items = tuple(sorted(exact.items()))
     for key, value in exact_items:
         hash(value)
-    return Signature(str(step), int(size), lengths, exact_items)
+    return Signature(str(step), _whole("size", size), lengths, exact_items)
+
+
+def _whole(name: str, value) -> int:
+    """An exact whole number of clock units (int, or a Fraction / numpy int equal to one) as an int.
+    Raises ValueError for a fraction (a wrong clock) and TypeError for anything else (floats included)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected a whole number of clock units, got a bool")
+    if isinstance(value, Fraction):
+        if value.denominator != 1:
+            raise ValueError(f"{name}: {value} is not a whole number of clock units")
+        return int(value)
+    if hasattr(value, "__index__"):
+        return value.__index__()
+    raise TypeError(f"{name}: expected a whole number of clock units, got {value!r} ({type(value).__name__})")
 
 
 def bounds(regions: list[RegionSpec]) -> dict:

@@ -54,7 +54,7 @@ def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int, name: str
         raise InputError(f"{name}: expected a CPU tensor (host payload), got one on {codes.device}")
     if isinstance(codes, (torch.Tensor, np.ndarray)):
         try:
-            t = torch.as_tensor(codes)
+            t = torch.as_tensor(np.ascontiguousarray(codes) if isinstance(codes, np.ndarray) else codes)
         except (TypeError, ValueError, RuntimeError) as exc:      # e.g. a numpy object array
             raise InputError(f"{name}: expected an integer array [{n_q}, frames], got {exc}") from None
         if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:

@@ -113,10 +113,9 @@ def model_lock(model) -> threading.RLock:
 
 def adapter(architecture: str):
     """The adapter module for a decoder architecture. Raises KeyError naming the known ones."""
-    try:
-        return importlib.import_module(ADAPTERS[architecture])
-    except KeyError:
-        raise KeyError(f"architecture {architecture!r}: expected one of {sorted(ADAPTERS)}") from None
+    if architecture not in ADAPTERS:
+        raise KeyError(f"architecture {architecture!r}: expected one of {sorted(ADAPTERS)}")
+    return importlib.import_module(ADAPTERS[architecture])
 
 
 class BitMismatch(AssertionError):
@@ -125,6 +124,8 @@ class BitMismatch(AssertionError):
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> str:
     """Describe the first differing element of two arrays (shape, index, values, max |diff|)."""
+    if a.dtype != b.dtype:
+        return f"dtype {a.dtype} vs {b.dtype}"
     if a.shape != b.shape:
         return f"shape {a.shape} vs {b.shape}"
     ab = np.ascontiguousarray(a).view(np.uint8)
