@@ -293,7 +293,10 @@ class GraphCache:
         prime_workspace(self.capture_stream)
         before = torch.cuda.memory_reserved(self.device)
         try:
-            with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream):
+            # thread_local: another session's synchronising call on its own thread (a .cpu(), a cudaMalloc)
+            # must not invalidate this capture (the default "global" mode forbids them process-wide)
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream,
+                                  capture_error_mode="thread_local"):
                 outputs = step()
         except Exception as exc:  # an uncapturable op: this signature runs eagerly from now on
             self.stats.capture_failures += 1

@@ -44,12 +44,15 @@ def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") ->
     return out
 
 
-def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int, name: str = "codes") -> torch.Tensor:
-    """One unit's codec frames: `n_q` codebooks x F frames (1 <= F <= max_frames) of ids in [0, cardinality).
+def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int | None, name: str = "codes") -> torch.Tensor:
+    """One unit's codec frames: `n_q` codebooks x F frames (1 <= F <= max_frames; None: no upper bound here,
+    for a caller whose clocks declare the bound as a region and raise LimitError past it) of ids in
+    [0, cardinality).
 
     Accepts a list of n_q lists of ints, or an integer CPU torch tensor / numpy array [n_q, F]. Returns an
     int64 CPU tensor [n_q, F] (a copy)."""
-    want = f"{n_q} codebooks x 1..{max_frames} frames of ids in [0, {cardinality})"
+    span = "1 or more" if max_frames is None else f"1..{max_frames}"
+    want = f"{n_q} codebooks x {span} frames of ids in [0, {cardinality})"
     if isinstance(codes, torch.Tensor) and codes.device.type != "cpu":
         raise InputError(f"{name}: expected a CPU tensor (host payload), got one on {codes.device}")
     if isinstance(codes, (torch.Tensor, np.ndarray)):
@@ -78,8 +81,8 @@ def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int, name: str
             raise InputError(f"{name}: every codebook needs the same frame count, got lengths {lengths}")
         t = torch.tensor([[int(c) for c in row] for row in codes], dtype=torch.int64).reshape(n_q, lengths[0])
     frames = int(t.shape[1])
-    if not 1 <= frames <= max_frames:
-        raise InputError(f"{name}: expected 1..{max_frames} frames per unit (12.5 Hz), got {frames}")
+    if frames < 1 or (max_frames is not None and frames > max_frames):
+        raise InputError(f"{name}: expected {span} frames per unit (12.5 Hz), got {frames}")
     bad = (t < 0) | (t >= cardinality)
     if bool(bad.any()):
         q, f = (int(i) for i in bad.nonzero()[0])
