@@ -212,10 +212,24 @@ def test_counters_follow_the_host_clock(long_run, which, n_counters):
         assert b.view.tolist() == [session.clocks().positions], b.spec.name
 
 
-def test_regions_cover_every_decoder_state_tensor(long_run):
+def moshi_tensors(states: dict) -> dict:
+    """Every non-empty tensor of moshi's State objects (and their ring KV caches), by dotted name."""
+    out = {}
+    for name, state in states.items():
+        for owner, prefix in ((state, name), (getattr(state, "kv_cache", None), f"{name}.kv_cache")):
+            out.update({f"{prefix}.{a}".lstrip("."): v for a, v in (vars(owner) if owner is not None else {}).items()
+                        if isinstance(v, torch.Tensor) and v.numel()})
+    return out
+
+
+def test_regions_cover_every_decoder_state_tensor(model, long_run):
     cadence, stock = long_run["cadence"], long_run["stock"]
-    decoder_side = {n for n, v in stock.state().items() if isinstance(v, torch.Tensor) and v.numel()
-                    and n.split(".")[0] in ("decoder", "decoder_transformer", "upsample", "exec_mask")}
+    with model.streaming(1):                       # everything moshi allocates for a stream
+        everything = moshi_tensors(model.get_streaming_state())
+    decoder_side = {n for n in everything if n.split(".")[0] in ("decoder", "decoder_transformer", "upsample",
+                                                                 "exec_mask")}
+    assert decoder_side == set(moshi_tensors(stock.own.states)) and len(decoder_side) < len(everything)
+    assert {n for n, v in stock.state().items() if isinstance(v, torch.Tensor)} == decoder_side
     assert {b.spec.name for b in long_run["stock_kv"].bindings} == decoder_side
     ends = {n for n in decoder_side if n.endswith("kv_cache.end_offset")}
     assert len(ends) == 2 and {b.spec.name for b in cadence.bindings} == decoder_side - ends

@@ -1,13 +1,9 @@
-"""Qwen3-Omni Code2Wav (transformers==5.17.0 `Qwen3OmniMoeCode2Wav`) on an exact chunk schedule.
-
-Everything that computes audio is the stock module: `Qwen3OmniMoeCode2Wav.forward(codes [1, 16, T])`
-(models/qwen3_omni_moe/modeling_qwen3_omni_moe.py L3728-3776): code embedding + 8-layer sliding-window
-pre-transformer + 2 upsample stages + 4 decoder blocks -> float wav [1, 1, 1920*T - 555] @ 24 kHz.
-Modules: `schedule` (facts, clock, region, the chunk schedule and every window's Signature), `stock` (the
-serving code's windows), `cadence` (arena + graph replay; the opt-in seamless slice).
-
-Modes (`new_session`): "stock" (the reference), "cadence" (bit-exact), "cadence_seamless" (opt-in, not
-bit-exact). Every session may speak on its own host thread while others of the model speak.
+"""Qwen3-Omni Code2Wav (transformers==5.17.0 `Qwen3OmniMoeCode2Wav.forward(codes [1, 16, T])`, modeling
+L3728-3776: code embedding, sliding-window pre-transformer, upsampling, decoder -> wav [1, 1, 1920*T - 555]
+@ 24 kHz) on an exact chunk schedule. `schedule` (facts, clock, region, every window's Signature), `stock`
+(the serving code's windows), `cadence` (arena + graph replay; opt-in seamless). Modes: "stock" (the
+reference), "cadence" (bit-exact), "cadence_seamless" (not bit-exact). Any session may speak on its own host
+thread while others of the model speak.
 """
 from __future__ import annotations
 
@@ -45,15 +41,11 @@ def code2wav_config(depth: str = "released"):
 
 
 def randomize_(model: torch.nn.Module, seed: int) -> None:
-    """Seeded random weights at a scale that gives non-degenerate audio, drawn on the CPU in float32.
-
-    The stock init (normal(0, 0.02) for every matrix) is scale-dependent: with the released widths the
-    output has std ~0.38, at reduced width ~1e-6 (silence: equal hashes would prove nothing). So every
-    matrix gets N(0, 1/fan_in) (transposed convs: fan_in = in * k / stride), the embedding N(0, 1), biases
-    N(0, 0.02), SnakeBeta alpha/beta N(0, 0.1), LayerScale and ConvNeXt gamma 0.1, norm weights 1; the
-    residual units' second conv and the output conv are scaled by 0.1 so activations stay O(1). Output
-    std ~0.15 at both depths, nothing clipped, and changing the left context changes the kept samples.
-    """
+    """Seeded random weights at a scale that gives non-degenerate audio, drawn on the CPU in float32. The stock
+    init (normal(0, 0.02)) gives output std ~0.38 at released width, ~1e-6 at reduced (silence). Here: matrices
+    N(0, 1/fan_in) (transposed convs: in * k / stride), embedding N(0, 1), biases N(0, 0.02), SnakeBeta alpha /
+    beta N(0, 0.1), LayerScale / ConvNeXt gamma 0.1, norms 1; residual units' second conv and the output conv
+    x 0.1. Output std ~0.15 at both depths, nothing clipped; the left context changes the kept samples."""
     gen = torch.Generator().manual_seed(seed)
     output_conv = f"decoder.{len(model.decoder) - 1}.conv.weight"
     with torch.no_grad():
@@ -80,16 +72,13 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
 
 
 def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int = 0):
-    """The stock `Qwen3OmniMoeCode2Wav` (attn "sdpa"), eval mode, in spec["dtype"] (default bfloat16).
-
-    Without spec["checkpoint"]: `_from_config(config, dtype=...)` (the class the released model uses),
-    then `randomize_(model, seed)` on the CPU, then `.to(device)`, so every device gets the same weights.
-    spec["checkpoint"]: a directory with `model.safetensors` (or a sharded index) in the released layout,
-    names prefixed "code2wav." as in the released checkpoint (vllm-omni's hf_to_vllm_mapper), and optionally
-    its config.json; loaded by transformers' own `from_pretrained(..., key_mapping={"^code2wav\\.": ""})`.
-    Other submodules' keys ("thinker.", "talker.") are ignored. Raises ValueError for a bad depth / dtype,
-    FileNotFoundError for a missing directory, CheckpointError naming missing / unexpected / mis-shaped keys.
-    """
+    """The stock `Qwen3OmniMoeCode2Wav` (attn "sdpa"), eval mode, in spec["dtype"] (default bfloat16). Without
+    spec["checkpoint"]: `_from_config(config, dtype=...)`, `randomize_(model, seed)` on the CPU, `.to(device)`
+    (the same weights on every device). spec["checkpoint"]: a directory with `model.safetensors` (or a sharded
+    index) in the released layout ("code2wav." names, vllm-omni's hf_to_vllm_mapper), optionally config.json,
+    loaded by `from_pretrained(..., key_mapping={"^code2wav\\.": ""})`; "thinker." / "talker." keys are ignored.
+    Raises ValueError (depth, dtype), FileNotFoundError, CheckpointError naming missing / unexpected /
+    mis-shaped keys."""
     config = code2wav_config(depth)
     name = spec.get("dtype", "bfloat16")
     name = str(name).replace("torch.", "") if isinstance(name, torch.dtype) else name
@@ -125,10 +114,9 @@ def state_manifest(model) -> dict:
 
 
 def new_session(model, mode: str, spec: dict | None = None):
-    """A session on `model` (shared by any number of sessions and threads). mode: "stock" (the reference),
-    "cadence" (bit-exact) or "cadence_seamless" (opt-in, not bit-exact). spec keys: left_context (25),
-    initial_frames (4); cadence: capture, graphs, arena_backend (call `prepare()` before the first turn on
-    CUDA). Raises ValueError for an unknown mode or a bad spec value."""
+    """A session on `model` (shared by any number of sessions and threads) in `mode` (MODES). spec: left_context
+    (25), initial_frames (4); cadence: capture, graphs, arena_backend (call `prepare()` first on CUDA). Raises
+    ValueError for an unknown mode or a bad spec value."""
     if mode == "stock":
         return StockSession(model, spec)
     if mode in ("cadence", "cadence_seamless"):

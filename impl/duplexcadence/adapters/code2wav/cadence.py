@@ -1,25 +1,23 @@
 """DuplexCadence sessions for Qwen3-Omni Code2Wav: the stock forward on arena views, one graph per window.
 
 * "cadence": the left context lives in an arena region at a stable address; the forward runs on an arena
-  view of exactly the window's shape (contiguous [1, 16, T], the strides torch.cat gives); on CUDA each
-  distinct window `Signature` (schedule.Turn) is captured ahead of time (`prepare`) and replayed (no
-  padding); on CPU the same code runs eagerly. Byte-identical to the stock session.
-* "cadence_seamless" (opt-in, NOT bit-exact to stock): keeps 555 more samples at the head of every call
-  with left context (`wav[..., ctx * 1920 - 555:]`), refilling the previous call's missing tail from the
-  re-decoded context: the slice newer vllm-omni keeps (qwen3_omni_code2wav.py @7374175 and @02952af,
-  `start = left_context * total_upsample - tail`). A turn then has 1920*F - 555 samples, like one
-  whole-utterance call; from sample 555 on, each call's bytes are the stock call's.
+  view of exactly the window's shape (contiguous [1, 16, T], torch.cat's strides); on CUDA each window
+  `Signature` (schedule.Turn) is captured ahead (`prepare`) and replayed, never padded; on CPU the same code
+  runs eagerly. Byte-identical to the stock session.
+* "cadence_seamless" (opt-in, NOT bit-exact): keeps 555 more samples at the head of every call with left
+  context (`wav[..., ctx * 1920 - 555:]`), refilling the previous call's missing tail: the slice newer
+  vllm-omni keeps (qwen3_omni_code2wav.py @7374175, @02952af, `start = left_context * total_upsample -
+  tail`). A turn then has 1920*F - 555 samples like one whole call; from sample 555 on, each call's bytes
+  are the stock call's.
 
 The mask. `Qwen3OmniMoeCode2WavTransformerModel.forward` (L3596-3612) builds it with
-`create_sliding_window_causal_mask`, whose eager path reads the device (`(packed_sequence_mask[:, -1] ==
-0).all()`, masking_utils.py L755, a host sync) and which, while a CUDA stream captures, takes its
-`is_tracing` branches (import_utils.py L1812): a materialised boolean mask where eager returns None, so SDPA
-would run with `attn_mask` instead of `is_causal=True`, another kernel. So the mask builders run once per
-window length outside any graph, with the arguments the stock forward passes (`PreparedMasks`), and the
-pre-transformer receives that mapping as its `attention_mask` ("It may already have been prepared", L3596)
-through `bind` for exactly the duration of an eager step or a capture, under the model's lock: no other
-session's call sees it. For windows of at most 72 frames (the sliding window) both masks are None, as in
-eager. A replay runs none of this Python and takes no lock.
+`create_sliding_window_causal_mask`, whose eager path syncs on the device (masking_utils.py L755) and which,
+while a stream captures, takes its `is_tracing` branches (import_utils.py L1812): a materialised mask where
+eager has None, so SDPA would run another kernel. So the builders run per window length outside any graph
+with the stock forward's arguments (`PreparedMasks`), and the pre-transformer receives the mapping as its
+`attention_mask` ("It may already have been prepared", L3596) through `bind`, for an eager step or a capture
+only and under the model's lock: no other session's call sees it. Windows up to 72 frames (the sliding
+window) get None masks, as in eager. A replay runs none of this Python and takes no lock.
 """
 from __future__ import annotations
 
@@ -35,14 +33,12 @@ from duplexcadence.arena import Arena
 from duplexcadence.errors import InputError
 from duplexcadence.graphs import GraphCache
 from duplexcadence.runtime import model_lock, model_state
-from duplexcadence.session import (
-    Capabilities, Session, SessionStats, check_final, host_waveform, unit_output)
+from duplexcadence.session import Capabilities, Session, SessionStats, check_final, host_waveform, unit_output
 
 
 class PreparedMasks:
-    """One session's pre-transformer mask mapping per window length, built by the stock builders outside
-    any graph, with the arguments the stock forward passes (L3590-3612: inputs_embeds [1, T, hidden], no
-    mask, no cache, position_ids = arange(T)[None])."""
+    """One session's pre-transformer mask mapping per window length, from the stock builders outside any graph
+    with the stock forward's arguments (L3590-3612: embeds [1, T, hidden], no mask or cache, arange(T))."""
 
     def __init__(self, model):
         self.model, self.lock = model, model_lock(model)
@@ -64,8 +60,7 @@ class PreparedMasks:
 
     @contextlib.contextmanager
     def installed(self, frames: int):
-        """Inside: the shared pre-transformer's `forward` takes this session's mapping (bind.attr), under
-        the model lock."""
+        """Inside: the shared pre-transformer's `forward` takes this mapping (bind.attr), under the model lock."""
         pt = self.model.pre_transformer
         forward = functools.partial(type(pt).forward, pt, attention_mask=self.mapping(frames))
         with bind.bound(bind.attr(pt, "forward", forward), lock=self.lock):
@@ -73,12 +68,11 @@ class PreparedMasks:
 
 
 class CadenceSession(Session):
-    """The stock forward on arena views: the left context in region "codes.context" [16, C], the window
-    assembled in "codes.window" [1, 16, ctx + new], the new frames staged in "io.new", the kept float32
-    samples written to "io.wave"; after each call the newest min(ctx + new, C) frames are copied into the
-    context region. seamless: the opt-in "cadence_seamless" slice (module docstring). spec keys:
+    """The stock forward on arena views: context in "codes.context" [16, C], the window assembled in
+    "codes.window" [1, 16, ctx + new] from it and "io.new", kept float32 samples in "io.wave"; after each call
+    the newest min(ctx + new, C) frames are copied into the context. seamless: module docstring. spec:
     left_context, initial_frames, capture ("ahead": graphs only from `prepare`, an uncaptured window runs
-    eagerly and is counted; "inline": capture on first use), graphs (bool; default on CUDA), arena_backend."""
+    eagerly and is counted; "inline": capture on first use), graphs (bool; default CUDA), arena_backend."""
 
     capabilities = Capabilities(graphs=True, **CAPABILITIES)
 
@@ -158,13 +152,12 @@ class CadenceSession(Session):
         return unit_output(waves, frames=int(codes.shape[1]), calls=info)
 
     def prepare(self, signatures=None) -> dict:
-        """Capture these window signatures ahead of time, changing neither the context nor the clocks
-        (a step writes only the window and io.wave). None: every window a turn of 12- and 13-frame units
-        can run (Turn.turn_signatures: 11 at C = 25, initial 4); a shorter final unit's windows are
-        captured when its payload gives them (`signatures(n, final=True)`). The first capture of a window
-        in the process follows one eager warm-up run of it. Pool bytes per signature go to stats().detail.
-        Returns the counters' change. No-op on CPU. Raises InputError for a signature this session's
-        schedule cannot run."""
+        """Capture window signatures ahead, changing neither context nor clocks (a step writes only the window
+        and io.wave). None: every window of a turn of 12- and 13-frame units (Turn.turn_signatures: 11 at
+        C = 25, initial 4); a shorter final unit's once its payload is known (`signatures(n, final=True)`).
+        A window's first capture in the process follows one eager warm-up run. Pool bytes per signature:
+        stats().detail. Returns the counters' change; no-op on CPU. Raises InputError for a signature the
+        session's schedule cannot run."""
         self._check_open("prepare")
         before = self.stats()
         sigs = self._clock.turn_signatures() if signatures is None else sorted(set(signatures))
@@ -200,11 +193,9 @@ class CadenceSession(Session):
 
     def close(self) -> None:
         """Free the graphs, the arena, the masks and the pinned staging buffer now."""
-        if self.closed:
-            return
-        self.graphs.drop()
-        self.arena.close()
-        self.graphs = self.masks = self._host = None
-        self.graph_bytes = {}
+        if not self.closed:
+            self.graphs.drop()
+            self.arena.close()
+            self.graphs, self.masks, self._host, self.graph_bytes = None, None, None, {}
         super().close()
 

@@ -1,26 +1,21 @@
-"""Qwen3-Omni Code2Wav (transformers==5.17.0): the cited facts, its clock and region, and the chunk schedule
-that gives every window's `clocks.Signature` from host ints alone.
+"""Qwen3-Omni Code2Wav (transformers==5.17.0): cited facts, its clock and region, and the chunk schedule that
+gives every window's `clocks.Signature` from host ints alone.
 
-`Qwen3OmniMoeCode2Wav.forward(codes [1, 16, T])` (models/qwen3_omni_moe/modeling_qwen3_omni_moe.py
-L3728-3776) returns float wav [1, 1, 1920*T - 555] @ 24 kHz and keeps no state; the caller keeps the left
-context. Stock transformers decodes once, at the end (`chunked_decode(codes, 300, 25)`, L3778-3789, called
-from generate L4137). Streaming servers call the same forward on windows of [left context + new frames]:
-vllm-omni `talker2code2wav_async_chunk` (vllm_omni/model_executor/stage_input_processors/qwen3_omni.py
-@019864f) builds each window with `torch.cat` from the last frames, with `initial_codec_chunk_frames` (4 in
-vllm-omni#4828's "4/25/25"), `codec_chunk_frames` and `codec_left_context_frames` = 25; its code2wav
-`chunked_decode_streaming` (models/qwen3_omni/qwen3_omni_code2wav.py, the version before its tail refill)
-keeps `wav[..., context_size * total_upsample:]`, as `chunked_decode` does. Here the chunk is one SPEAK
-unit (12 or 13 new frames: one second at 12.5 Hz), so (`plan_unit`):
-
-* the first unit of a turn is split as vllm-omni splits a request's start: an initial window of
-  `min(4, N)` frames with no context, then (if N > 4) a window of [those 4 frames + the other N - 4];
-* every later unit is one window [min(25, frames so far in this turn) + its N new frames];
-* each call keeps `wav[..., ctx * 1920:]`: N*1920 - 555 samples. The 555 missing samples at every chunk
-  boundary are stock behaviour (CausalTransConvNet trims kernel - stride at both ends, L3308-3320;
-  8 -> 45 -> 184 -> 555) and a known upstream bug (sglang-omni#1354, vllm-omni#4828): matched, not fixed.
-
-The pre-transformer's positions are `arange(T)` with RoPE computed per call (no position table), so the
-window's only bound is the schedule's: left context C plus the unit's at most 13 frames.
+`Qwen3OmniMoeCode2Wav.forward(codes [1, 16, T])` (models/qwen3_omni_moe/modeling_qwen3_omni_moe.py L3728-3776)
+returns float wav [1, 1, 1920*T - 555] @ 24 kHz and keeps no state: the caller keeps the left context.
+Stock transformers decodes once, at the end (`chunked_decode(codes, 300, 25)`, L3778-3789, from generate
+L4137); streaming servers call the same forward on windows [left context + new frames]: vllm-omni
+`talker2code2wav_async_chunk` (vllm_omni/model_executor/stage_input_processors/qwen3_omni.py @019864f)
+`torch.cat`s each window with `initial_codec_chunk_frames` (4 in vllm-omni#4828's "4/25/25"),
+`codec_chunk_frames` and `codec_left_context_frames` = 25, and its `chunked_decode_streaming`
+(models/qwen3_omni/qwen3_omni_code2wav.py, before its tail refill) keeps `wav[..., context_size *
+total_upsample:]`, as `chunked_decode` does. Here a chunk is one SPEAK unit (12 or 13 frames), so
+(`plan_unit`): a turn's first unit is an initial window of `min(4, N)` frames, then (if N > 4) [those 4 +
+the other N - 4]; every later unit is one window [min(25, frames so far in the turn) + N]; each call keeps
+N*1920 - 555 samples. The 555 samples missing at every chunk boundary are stock behaviour
+(CausalTransConvNet trims kernel - stride at both ends, L3308-3320; 8 -> 45 -> 184 -> 555) and a known
+upstream bug (sglang-omni#1354, vllm-omni#4828): matched, not fixed. Positions are `arange(T)` with RoPE
+computed per call (no position table): a window's only bound is the schedule's, C + 13 frames.
 """
 from __future__ import annotations
 
@@ -51,9 +46,8 @@ UNIT = RegionSpec("unit", CODEC.name, 0, KeepAll(max(UNIT_SIZES)))
 
 
 def codes_region(left_context: int = LEFT_CONTEXT) -> RegionSpec:
-    """The turn's code frames, @ CODEC. Before a call it holds the left context (<= C frames), the call
-    reads [context + new] (its peak: the window, <= C + 13) and keeps the newest C:
-    `codes[..., start - context:end]` (chunked_decode L3784; vllm-omni `[-end_index:]`)."""
+    """The turn's code frames @ CODEC: the left context (<= C) before a call, the window [context + new] (<= C +
+    13) at its peak, the newest C kept: `codes[..., start - context:end]` (L3784; vllm-omni `[-end_index:]`)."""
     return RegionSpec("codes", CODEC.name, 0, HeadTail(head=0, tail=left_context, max_advance=UNIT.policy.bound()))
 
 
@@ -67,12 +61,9 @@ class Call(NamedTuple):
 
 def plan_unit(ctx: int, frames: int, final: bool, *, left_context: int = LEFT_CONTEXT,
               initial: int = INITIAL_FRAMES) -> tuple[list[Call], int]:
-    """The calls of one unit and the context length after it, from the clocks alone (host ints).
-
-    ctx: context frames before the unit (0 at a turn's start). A turn's first unit is split as vllm-omni
-    splits a request's start (initial_codec_chunk_frames; `left_context_size = initial` for chunk 1); every
-    other unit is one call. Every call of a final unit is labelled "final". Raises ClockError past C + 13.
-    """
+    """The calls of one unit and the context after it, from host ints. ctx: context frames before the unit (0
+    at a turn's start, split as vllm-omni splits a request's start: initial_codec_chunk_frames, then left
+    context = initial). A final unit's calls are "final". Raises ClockError past C + 13."""
     region = codes_region(left_context)
     sizes = [initial, frames - initial] if ctx == 0 and 0 < initial < frames else [frames]
     calls, offset = [], 0
@@ -95,11 +86,9 @@ def window(sig) -> tuple:
 
 
 class Turn(ClockState):
-    """Host clocks of one Code2Wav session: the turn's context length (None: no open turn), its frames so
-    far, units and turns, and the schedule options (left context C, initial frames, seamless keep).
-
-    A window's Signature: step "window", size = new frames, lengths {"context": ctx}, exact keep (the first
-    output sample kept)."""
+    """Host clocks of one Code2Wav session: the turn's context length (None: no open turn), frames, units and
+    turns, and the options (left context C, initial frames, seamless). A window's Signature: step "window",
+    size = new frames, lengths {"context": ctx}, exact keep (the first output sample kept)."""
 
     def __init__(self, spec: dict, seamless: bool = False):
         self.left_context = check_int("spec['left_context']", spec.get("left_context", LEFT_CONTEXT), low=1,
@@ -148,8 +137,8 @@ class Turn(ClockState):
         return sorted(found)
 
     def info(self, call: Call, samples: int) -> dict:
-        """Per-call record. start_frame: the call's first new frame in the turn (`self` before the unit);
-        timeline_start: the index, in the turn's whole-utterance decode, of the call's first sample."""
+        """Per-call record (`self` before the unit). timeline_start: the call's first sample's index in the
+        turn's whole-utterance decode."""
         start, keep = self.frames + call.offset, keep_from(call.ctx, self.seamless)
         return {"phase": call.phase, "ctx": call.ctx, "new": call.new, "window": [1, NUM_QUANTIZERS,
                 call.ctx + call.new], "start_frame": start, "samples": samples, "keep": keep,

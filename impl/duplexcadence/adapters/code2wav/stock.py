@@ -1,11 +1,8 @@
-"""Stock Code2Wav session: the transformers forward per window on a freshly concatenated code window.
-
-As vllm-omni's `talker2code2wav_async_chunk` builds it (`torch.cat(frames[-end_index:])`, then [1, 16, T] on
-the device) and its `chunked_decode_streaming` trims it (`wav[..., ctx * 1920:]`); the output is cast to
-float32 with `.float()` as transformers' generate does (L4145; bf16 -> float32 is exact). The module keeps
-no state between calls, so stock sessions are independent by construction; each forward holds the model's
-lock, so that it never runs while a DuplexCadence session's step hands the shared pre-transformer its mask
-(cadence.PreparedMasks).
+"""Stock Code2Wav session: the transformers forward per window on a freshly concatenated code window, as
+vllm-omni's `talker2code2wav_async_chunk` builds it (`torch.cat(frames[-end_index:])`, [1, 16, T] on the
+device) and `chunked_decode_streaming` trims it (`wav[..., ctx * 1920:]`), cast with `.float()` as generate
+does (L4145; exact). The module keeps no state between calls, so stock sessions are independent; each forward
+holds the model's lock, so it never runs while a cadence step hands the shared pre-transformer its mask.
 """
 from __future__ import annotations
 
@@ -13,19 +10,16 @@ import math
 
 import torch
 
-from duplexcadence.adapters.code2wav.schedule import (
-    CODEBOOK_SIZE, NUM_QUANTIZERS, SAMPLES_PER_FRAME, UNIT, Turn)
+from duplexcadence.adapters.code2wav.schedule import CODEBOOK_SIZE, NUM_QUANTIZERS, SAMPLES_PER_FRAME, UNIT, Turn
 from duplexcadence.payload import check_codes
 from duplexcadence.runtime import model_lock
-from duplexcadence.session import (
-    Capabilities, Session, SessionStats, check_final, host_waveform, unit_output)
+from duplexcadence.session import Capabilities, Session, SessionStats, check_final, host_waveform, unit_output
 
 CAPABILITIES = dict(turn_state="reset", concurrent=True, payload="frames", max_payload=UNIT.policy.bound())
 
 
 def parse_codes(codes) -> torch.Tensor:
-    """One unit's codes as int64 [16, N] (payload.check_codes; InputError). The most frames a unit may
-    carry is the clock's bound (Turn.calls raises LimitError), not checked here."""
+    """One unit's codes, int64 [16, N] (InputError); the frame bound is the clock's (Turn.calls: LimitError)."""
     return check_codes(codes, n_q=NUM_QUANTIZERS, cardinality=CODEBOOK_SIZE, max_frames=math.inf)
 
 

@@ -1,11 +1,11 @@
-"""Moshi's Mimi decoder (moshi==0.2.13): the cited facts, its clocks and regions, and the clock walk that
-gives every decode step's `clocks.Signature` from host ints alone.
+"""Moshi's Mimi decoder (moshi==0.2.13): cited facts, clocks, regions, and the clock that gives every decode
+step's `clocks.Signature` from host ints alone.
 
-The decode path is `MimiModel.decode` (models/compression.py L406-429): `quantizer.decode` -> `upsample`
-(ConvTrUpsample1d, 12.5 -> 25 Hz) -> `decoder_transformer` (8 RingKVCache layers) -> `decoder` (SEANet).
-moshi's server decodes one 80 ms frame per call at batch 1 (server.py L59-82): codes [1, 8, 1] -> PCM
-[1, 1, 1920] @ 24 kHz. Every region is allocated once by `streaming(1)` (streaming.py L110-137) and
-written in place, so no region ever changes length: one shape per session (stock_decoders.md 4.3).
+`MimiModel.decode` (models/compression.py L406-429): `quantizer.decode` -> `upsample` (ConvTrUpsample1d,
+12.5 -> 25 Hz) -> `decoder_transformer` (RingKVCache layers) -> `decoder` (SEANet). moshi's server decodes
+one 80 ms frame per call at batch 1 (server.py L59-82): codes [1, 8, 1] -> PCM [1, 1, 1920] @ 24 kHz.
+`streaming(1)` allocates every region once (streaming.py L110-137) and moshi writes them in place, so no
+region changes length: one shape per session (shared/notes/stock_decoders.md section 4.3).
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from duplexcadence.errors import LimitError
 from duplexcadence.payload import check_int
 from duplexcadence.session import ClockState
 
-SAMPLE_RATE = 24000                  # loaders.py SAMPLE_RATE
-SAMPLES_PER_FRAME = 1920             # MimiModel.frame_size = 24000 / 12.5
+SAMPLES_PER_FRAME = 1920             # MimiModel.frame_size = SAMPLE_RATE 24000 / FRAME_RATE 12.5 (loaders.py)
 POSITIONS_PER_FRAME = 2              # ConvTrUpsample1d stride 2 (compression.py L211-217)
 N_Q = 8                              # get_mimi(num_codebooks=8) for Moshi (loaders.py L282-291)
 CARDINALITY = 2048                   # _quantizer_kwargs["bins"]
@@ -30,24 +29,17 @@ SEANET_RATIOS = (8, 6, 5, 4)         # _seanet_kwargs["ratios"]; the decoder ups
 
 FRAMES = Clock("frames", Fraction(25, 2), "codec frame")               # loaders.py FRAME_RATE = 12.5
 POSITIONS = Clock("positions", Fraction(25), "transformer position")  # encoder_frame_rate = 24000/960
-SEANET_CLOCKS = tuple(Clock(f"seanet{math.prod(SEANET_RATIOS[:i + 1])}x",
-                            Fraction(25) * math.prod(SEANET_RATIOS[:i + 1]), "SEANet step")
-                      for i in range(len(SEANET_RATIOS) - 1))      # 200, 1200, 6000 Hz
-SAMPLES = Clock("samples", Fraction(SAMPLE_RATE), "sample")        # 25 * 8*6*5*4 = 24000
-CLOCKS = {c.name: c for c in (FRAMES, POSITIONS, *SEANET_CLOCKS, SAMPLES)}
-assert SAMPLES.per(FRAMES) == SAMPLES_PER_FRAME and POSITIONS.per(FRAMES) == POSITIONS_PER_FRAME
+SEANET_STEPS = tuple(math.prod(SEANET_RATIOS[:i]) for i in (1, 2, 3))  # SEANet rate / 25 Hz: 8, 48, 240
+CLOCKS = {c.name: c for c in (FRAMES, POSITIONS, Clock("samples", Fraction(24000), "sample"),
+                              *(Clock(f"seanet{r}x", Fraction(25 * r), "SEANet step") for r in SEANET_STEPS))}
+assert CLOCKS["samples"].per(FRAMES) == SAMPLES_PER_FRAME and POSITIONS.per(FRAMES) == POSITIONS_PER_FRAME
 
-#: The frames one one-second unit carries on the 12.5 Hz clock (floor and ceil of 12.5); the most is the
-#: bound of the unit's staging region.
+#: Frames one one-second unit carries on the 12.5 Hz clock (floor and ceil); the most bounds the unit region.
 UNIT_SIZES = (math.floor(FRAMES.rate), math.ceil(FRAMES.rate))
 UNIT = RegionSpec("unit", FRAMES.name, 0, KeepAll(max(UNIT_SIZES)))
-
-#: Top-level submodules on the decode path; the rest (encoder, encoder_transformer, downsample) is
-#: encoder state, which a decode-only session does not carry.
+#: Top-level submodules `decode` runs; the encoder's states are never read by it.
 DECODE_PATH = ("decoder", "decoder_transformer", "upsample")
-
-#: (moshi State class, attribute) -> what the tensor is and its upstream source. Every tensor a decoder-side
-#: State holds must be one of these, else `declare_regions` raises.
+#: (moshi State class, attribute) -> what it is. Any other tensor in a decoder-side State is an error.
 REGION_KINDS = {
     ("RingKVCache", "cache"): "ring KV [2, B, heads, context, head_dim], Ring(context) @ positions; "
                               "scatter_ in place (transformer.py L218-222, L236-288)",
@@ -68,51 +60,38 @@ def on_decode_path(name: str) -> bool:
 
 @dataclass
 class Binding:
-    """One region: its declaration, the moshi State object and attribute holding it, and (cadence) its
-    arena view."""
+    """One region: its declaration, the moshi State object and attribute holding it, (cadence) its view."""
     spec: RegionSpec
     owner: object
     attr: str
-    kind: str
+    kind: str       # "<State class>.<attribute>", a key of REGION_KINDS
     view: torch.Tensor | None = None
 
 
 def _clock_for(name: str, decoder) -> str:
-    """The clock of the samples a decoder-side module consumes: 25 Hz into the SEANet decoder, times the
-    stride of every StreamingConvTranspose1d before it (seanet.py SEANetDecoder.__init__)."""
+    """The clock a module's input runs at: 25 Hz into SEANet, times each StreamingConvTranspose1d's stride
+    before it (seanet.py SEANetDecoder.__init__)."""
     parts = name.split(".")
     if parts[0] != "decoder" or len(parts) < 3:
         return POSITIONS.name if parts[0] in ("decoder_transformer", "upsample") else FRAMES.name
-    rate = Fraction(25)
-    for child in list(decoder.model)[:int(parts[2]) + 1]:
-        if type(child).__name__ == "StreamingConvTranspose1d":
-            rate *= child._stride
-    for clock in CLOCKS.values():
-        if clock.rate == rate:
-            return clock.name
-    raise ValueError(f"region {name!r}: no declared clock runs at {rate} Hz (SEANET_RATIOS changed?)")
+    rate = Fraction(25) * math.prod(c._stride for c in list(decoder.model)[:int(parts[2]) + 1]
+                                    if type(c).__name__ == "StreamingConvTranspose1d")
+    return next(c.name for c in CLOCKS.values() if c.rate == rate)
 
 
 def declare_regions(model, states: dict) -> list[Binding]:
-    """Every tensor of every decoder-side moshi State in `states` (name -> State), as a region.
-
-    Lengths come from the modules (conv: K_eff - S; conv transpose: K - S; KV: attention context), never
-    from the tensors; each is checked against the tensor `streaming(1)` allocated (ValueError naming the
-    region on a mismatch). Zero-length conv tails (1x1 convs) hold nothing and are never read (conv.py
-    L260-263): no region. An unknown tensor attribute raises ValueError (a moshi change we would miss)."""
+    """Every tensor of every decoder-side moshi State in `states` (name -> State), as a region. Lengths come
+    from the modules (conv: K_eff - S; conv transpose: K - S; KV: attention context) and are checked against
+    the tensors `streaming(1)` allocated (ValueError naming the region). Zero-length conv tails (1x1 convs)
+    are never read (conv.py L260-263): no region. An unknown tensor raises ValueError (a moshi change)."""
     out = []
     for name, state in states.items():
         if state is None or not on_decode_path(name):
             continue
-        mod = model.get_submodule(name) if name else model
-        owners = [(type(state).__name__, state)]
-        if getattr(state, "kv_cache", None) is not None:
-            owners.append(("RingKVCache", state.kv_cache))
-        clock = _clock_for(name, model.decoder)
-        for cls, owner in owners:
-            for attr, value in vars(owner).items():
-                if not isinstance(value, torch.Tensor):
-                    continue
+        mod, clock = model.get_submodule(name) if name else model, _clock_for(name, model.decoder)
+        kv = getattr(state, "kv_cache", None)
+        for cls, owner in [(type(state).__name__, state)] + ([("RingKVCache", kv)] if kv is not None else []):
+            for attr, value in [(a, v) for a, v in vars(owner).items() if isinstance(v, torch.Tensor)]:
                 key = (cls, attr) if (cls, attr) in REGION_KINDS else ("*", attr)
                 if key not in REGION_KINDS:
                     raise ValueError(f"state {name!r}: unknown tensor {cls}.{attr} {list(value.shape)}; "
@@ -138,10 +117,8 @@ def declare_regions(model, states: dict) -> list[Binding]:
 def ring_rows(positions: int, frames: int, capacity: int) -> torch.Tensor:
     """The ring KV bookkeeping of `frames` decode calls from the host clock: int64 [frames, 2 + capacity],
     row t = the 2 slots call t writes, then the position of every slot after it (-1: not yet written).
-
-    `positions`: clock POSITIONS before the first call (every layer's `end_offset`). The integer arithmetic
-    of RingKVCache.complete (transformer.py L240-242, L258-286), on the host, for B = 1 and exec_mask True.
-    """
+    positions: clock POSITIONS before the first call (every layer's `end_offset`). The integer arithmetic
+    of RingKVCache.complete (transformer.py L240-242, L258-286), on the host, for B = 1 and exec_mask True."""
     t = POSITIONS_PER_FRAME
     end = torch.arange(frames, dtype=torch.int64) * t + positions                  # end_offset before call
     write = (torch.arange(t, dtype=torch.int64) + end[:, None]) % capacity          # L240-242
@@ -155,10 +132,8 @@ def ring_rows(positions: int, frames: int, capacity: int) -> torch.Tensor:
 
 class MimiClock(ClockState):
     """Host clocks of one Mimi session: FRAMES decoded (POSITIONS = 2 per frame) and the declared regions.
-
-    step: "frame" (one graph per decode call: a unit of F frames runs F steps of size 1) or "unit" (the
-    unit's F decode calls in one step of size F). Every step's Signature holds the length every region
-    is read at (rings their capacity, conv tails K - S: constant, the clocks say so) and the batch."""
+    step "frame": a unit of F frames is F steps of size 1 (one decode call each); "unit": one step of size F.
+    A Signature holds every time-axis region's read length (rings: capacity; conv tails: K - S) and the batch."""
 
     def __init__(self, regions: tuple, step: str, frames: int = 0):
         self.regions, self.step, self.frames = tuple(regions), step, frames
@@ -175,12 +150,11 @@ class MimiClock(ClockState):
 
     def unit(self, size: int, final: bool = False) -> list:
         """The steps of a unit of `size` frames (`final` changes nothing: Mimi has no flush). Raises
-        InputError for a size below 1, LimitError past the unit bound (13 frames) or, were a ring smaller
-        than one decode call's positions, past the ring (RingKVCache.complete writes T <= capacity slots)."""
-        size = check_int("frames", size, low=1)
-        UNIT.step(0, size)
+        InputError for a size below 1, LimitError past the unit bound (13 frames), or past a ring that holds
+        fewer positions than a decode call writes (RingKVCache.complete needs T <= capacity)."""
+        UNIT.step(0, check_int("frames", size, low=1))
         lengths = {}
-        for r in self.regions:
+        for r in (r for r in self.regions if r.axis != 0):
             advance = POSITIONS_PER_FRAME if isinstance(r.policy, Ring) else 0
             if advance > r.policy.bound():
                 raise LimitError(f"region {r.name!r}: a decode call writes {advance} positions, the ring "
