@@ -16,7 +16,7 @@ from torch import nn
 from duplexcadence import upstream
 from duplexcadence.adapters.mimi.cadence import CadenceSession
 from duplexcadence.adapters.mimi.schedule import N_Q
-from duplexcadence.adapters.mimi.stock import StockSession
+from duplexcadence.adapters.mimi.stock import StockGraphsSession, StockSession
 
 MODES = ("stock", "stock_graphs", "cadence")
 DEPTHS = ("released", "reduced")
@@ -112,7 +112,7 @@ def new_session(model, mode: str, spec: dict | None = None):
     "cadence" (spec: CadenceSession's; call `prepare()` before the first unit on CUDA). Raises ValueError for
     an unknown mode or spec value, ConcurrencyError for a model that streams on its own."""
     if mode in ("stock", "stock_graphs"):
-        return StockSession(model, moshi_graphs=mode == "stock_graphs")
+        return StockSession(model) if mode == "stock" else StockGraphsSession(model)
     if mode == "cadence":
         return CadenceSession(model, spec)
     raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")

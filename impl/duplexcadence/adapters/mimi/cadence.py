@@ -93,7 +93,7 @@ class CadenceSession(MimiSession):
         self.graphs = GraphCache(self.device, arena=self.arena, enabled=spec.get("graphs"), warmup=1,
                                  inline=spec.get("capture") == "inline", lock=model_lock(model),
                                  warmed=model_state(model).setdefault("mimi.warmed", set()))
-        self._clock = MimiClock(tuple(b.spec for b in self.bindings), self.graph_mode)
+        self.clock = MimiClock(tuple(b.spec for b in self.bindings), self.graph_mode)
         self.units = 0
 
     def _decode(self, rows) -> list:
@@ -113,7 +113,7 @@ class CadenceSession(MimiSession):
 
     def _sync_counters(self) -> None:
         for state in self._counted:
-            state.offset_cpu = self._clock.positions
+            state.offset_cpu = self.clock.positions
 
     def speak(self, payload, *, final: bool = False):
         """One unit: codes [8][F] (1 <= F <= 13) -> float32 waveform [F * 1920] @ 24 kHz and its int16 PCM,
@@ -121,14 +121,14 @@ class CadenceSession(MimiSession):
         frames) before anything runs: the arena and clocks are then unchanged."""
         codes, clock, sigs = self.begin_unit(payload, final)
         frames = int(codes.shape[1])
-        self._unit[:frames].copy_(torch.cat([codes.t(), ring_rows(self._clock.positions, frames, self.capacity)], 1))
+        self._unit[:frames].copy_(torch.cat([codes.t(), ring_rows(self.clock.positions, frames, self.capacity)], 1))
         pcm = self.arena["io.pcm"].view((BATCH, 1, frames * SAMPLES_PER_FRAME))
         if self.graph_mode == "unit":
             self.graphs.run(sigs[0], self._step(sigs[0]))
         for t, sig in enumerate(sigs if self.graph_mode == "frame" else ()):
             self._frame.copy_(self._unit[t])
             pcm[..., t * SAMPLES_PER_FRAME:(t + 1) * SAMPLES_PER_FRAME].copy_(self.graphs.run(sig, self._step(sig)))
-        self._clock, self.units = clock, self.units + 1
+        self.clock, self.units = clock, self.units + 1
         self._sync_counters()
         return unit_output([host_waveform(pcm)], frames=frames)
 
@@ -139,17 +139,17 @@ class CadenceSession(MimiSession):
         warm-up decode (zero codes), every region restored after it. Returns the counters' change. No-op on
         CPU. Raises InputError for a signature that is not a step of this session."""
         self._check_open("prepare")
-        before, want = self.stats(), self._clock.copy().unit(1)[0]
-        sigs = sorted({s for n in UNIT_SIZES for s in self._clock.copy().unit(n)} if signatures is None
+        before, want = self.stats(), self.clock.copy().unit(1)[0]
+        sigs = sorted({s for n in UNIT_SIZES for s in self.clock.copy().unit(n)} if signatures is None
                       else set(signatures))
         for sig in sigs:
-            if sig._replace(size=1) != want or sig.size > UNIT.policy.bound():
+            if sig._replace(size=1) != want or not 1 <= sig.size <= UNIT.policy.bound():
                 raise InputError(f"signatures: {sig!r} is not a step of this session (e.g. {want!r})")
         for sig in sigs if self.graphs.enabled else ():
             if not self.graphs.capture(sig, self._step(sig)) and sig not in self.graphs.eager_only:
                 snap = [b.view.clone() for b in self.bindings]
                 self._unit.copy_(torch.cat([torch.zeros(len(self._unit), N_Q, dtype=torch.int64),
-                                            ring_rows(self._clock.positions, len(self._unit), self.capacity)], 1))
+                                            ring_rows(self.clock.positions, len(self._unit), self.capacity)], 1))
                 self._frame.copy_(self._unit[0])
                 self.graphs.run(sig, self._step(sig))          # the warm-up
                 for b, s in zip(self.bindings, snap):
@@ -163,13 +163,13 @@ class CadenceSession(MimiSession):
         """Every region's arena view by name, and the host clocks (frames, positions)."""
         self._check_open("state")
         return {**{b.spec.name: b.view for b in self.bindings},
-                "frames": self._clock.frames, "positions": self._clock.positions}
+                "frames": self.clock.frames, "positions": self.clock.positions}
 
     def stats(self) -> SessionStats:
         self._check_open("stats")
         return SessionStats.of(units=self.units, graphs=self.graphs, arena=self.arena, mode="cadence",
                                cadence_graphs=self.graph_mode, kv_bookkeeping=self.kv_mode,
-                               frames=self._clock.frames, arena_backend=self.arena.backend,
+                               frames=self.clock.frames, arena_backend=self.arena.backend,
                                regions=len(self.bindings), signatures=[repr(s) for s in self.graphs.entries])
 
     def close(self) -> None:

@@ -63,7 +63,8 @@ class StreamStates:
 
 
 class MimiSession(Session):
-    """What both Mimi sessions share: one continuous stream, the clock, a unit's checks."""
+    """What both Mimi sessions share: one continuous stream, `clock` (MimiClock; callers read it through
+    `clocks()`, a copy), a unit's checks."""
 
     def start_turn(self) -> None:
         """Nothing: one continuous stream (server.py resets only per connection, L163-164). Raises ClosedError."""
@@ -71,7 +72,7 @@ class MimiSession(Session):
 
     def clocks(self) -> MimiClock:
         self._check_open("clocks")
-        return self._clock.copy()
+        return self.clock.copy()
 
     def begin_unit(self, payload, final) -> tuple:
         """speak's checks, before anything changes: (codes int64 [8, F], the clock advanced by the unit, its
@@ -79,7 +80,7 @@ class MimiSession(Session):
         unit bound (MimiClock.unit)."""
         self._check_open("speak")
         check_final(final)
-        codes, clock = check_codes(payload, n_q=N_Q, cardinality=CARDINALITY, max_frames=math.inf), self._clock.copy()
+        codes, clock = check_codes(payload, n_q=N_Q, cardinality=CARDINALITY, max_frames=math.inf), self.clock.copy()
         return codes, clock, clock.unit(int(codes.shape[1]), final)
 
 
@@ -97,7 +98,7 @@ class StockSession(MimiSession):
         self.device = next(model.parameters()).device
         self.own = StreamStates(model)
         self.regions = declare_regions(model, self.own.states)      # what moshi allocated, as regions
-        self._clock = MimiClock(tuple(b.spec for b in self.regions), "frame")
+        self.clock = MimiClock(tuple(b.spec for b in self.regions), "frame")
         self.units = 0
 
     def speak(self, payload, *, final: bool = False):
@@ -108,7 +109,7 @@ class StockSession(MimiSession):
         tokens = codes.to(self.device)[None]                             # [1, 8, F], one copy per unit
         with self.own.installed(moshi_graphs=self.moshi_graphs):
             waves = [host_waveform(self.model.decode(tokens[:, :, t:t + 1])) for t in range(frames)]
-        self._clock, self.units = clock, self.units + 1
+        self.clock, self.units = clock, self.units + 1
         return unit_output(waves, frames=frames)
 
     def prepare(self, signatures=None) -> dict:
@@ -120,7 +121,7 @@ class StockSession(MimiSession):
         """moshi's state tensors by region name, and the host clocks (frames, positions)."""
         self._check_open("state")
         return {**{b.spec.name: getattr(b.owner, b.attr) for b in self.regions},
-                "frames": self._clock.frames, "positions": self._clock.positions}
+                "frames": self.clock.frames, "positions": self.clock.positions}
 
     def stats(self) -> SessionStats:
         """Units and frames; for stock_graphs, how many of moshi's own graphs are captured (detail)."""
@@ -128,10 +129,21 @@ class StockSession(MimiSession):
         top = self.own.states[""]
         captured = sum(getattr(top, f)._graph is not None for f in ("graphed_tr_dec", "graphed_decoder"))
         return SessionStats.of(units=self.units, mode="stock_graphs" if self.moshi_graphs else "stock",
-                               frames=self._clock.frames, moshi_graphs_captured=captured)
+                               frames=self.clock.frames, moshi_graphs_captured=captured)
 
     def close(self) -> None:
         """Drop the session's streaming states now."""
         self.own.close()
         self.regions = []
         super().close()
+
+
+class StockGraphsSession(StockSession):
+    """"stock_graphs": moshi's CUDAGraphed captures inside its first decodes in global capture mode (torch's
+    default, utils/compile.py L261-271), where another thread's synchronising call breaks the capture: it
+    may not speak while other sessions work on other threads (concurrent False)."""
+
+    capabilities = Capabilities(graphs=True, **{**CAPABILITIES, "concurrent": False})
+
+    def __init__(self, model):
+        super().__init__(model, moshi_graphs=True)
