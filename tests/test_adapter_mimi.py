@@ -1,27 +1,36 @@
 """duplexcadence.adapters.mimi: Moshi's Mimi decoder, stock eager vs DuplexCadence, byte for byte.
 
 CPU tests use the reduced config (2 transformer layers, same 8 x 250 x 64 ring KV caches) and run the
-stock and cadence sessions interleaved over one model instance; one test uses the released config. GPU
-classes (graph capture and replay) skip on CPU.
+stock and cadence sessions interleaved over one model instance, on one thread and on several; one test uses
+the released config. GPU classes (graph capture and replay) skip on CPU.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
+import random
+import threading
+import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from duplexcadence.adapters import mimi, mimi_cadence
+from duplexcadence import bind
+from duplexcadence.adapters import mimi
+from duplexcadence.adapters.mimi import schedule as ms
 from duplexcadence.clocks import Fixed, Ring
-from duplexcadence.errors import InputError
+from duplexcadence.errors import ClosedError, ConcurrencyError, InputError, LimitError
 from duplexcadence.runtime import compare_units
 
+ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = Path(__file__).parent / "data" / "mimi_manifest.json"
+SCRIPT = ROOT / "workloads" / "data" / "sessions" / "mimi.jsonl"
 UNIT_FRAMES = [13, 12] * 5 + [13]          # 138 frames = 276 positions: past the 250-slot ring wrap
-SPF = mimi.SAMPLES_PER_FRAME
+SPF = ms.SAMPLES_PER_FRAME
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,23 +50,45 @@ def model():
 @pytest.fixture(scope="module")
 def units():
     gen = torch.Generator().manual_seed(1234)
-    return [torch.randint(0, mimi.CARDINALITY, (mimi.N_Q, f), generator=gen) for f in UNIT_FRAMES]
+    return [torch.randint(0, ms.CARDINALITY, (ms.N_Q, f), generator=gen) for f in UNIT_FRAMES]
+
+
+def record_steps(session, log: list) -> None:
+    """Record, through the session's GraphCache, every step's signature and how many decode calls the step
+    made (a hook on the shared SEANet decoder counts them)."""
+    run = session.graphs.run
+
+    def recording(sig, step):
+        def counted():
+            calls = []
+            handle = session.model.decoder.register_forward_pre_hook(lambda mod, args: calls.append(1))
+            try:
+                return step()
+            finally:
+                handle.remove()
+                log.append((sig, len(calls)))
+        return run(sig, counted)
+    session.graphs.run = recording
 
 
 @pytest.fixture(scope="module")
 def long_run(model, units):
-    """Stock eager and cadence ("unit" graphs; eager on CPU) over the same 11 units, interleaved."""
+    """Stock eager and cadence ("unit" graphs; eager on CPU) over the same 11 units, interleaved; the
+    signatures predicted before each unit and those the steps ran under (recorded through the cache)."""
     stock = mimi.new_session(model, "stock", {})
     cadence = mimi.new_session(model, "cadence", {"cadence_graphs": "unit"})
     stock_kv = mimi.new_session(model, "cadence", {"cadence_graphs": "unit", "kv_bookkeeping": "stock"})
     ptrs_before = {b.spec.name: b.view.data_ptr() for b in cadence.bindings}
     base_before = cadence.arena.base
-    outs, outs_stock_kv = [], []
+    used, predicted, outs, outs_stock_kv = [], [], [], []
+    record_steps(cadence, used)
     for k, codes in enumerate(units):
+        predicted.append(cadence.signatures(codes.shape[1]))
         outs.append((stock.speak(codes), cadence.speak(codes.tolist() if k % 2 else codes)))
         outs_stock_kv.append(stock_kv.speak(codes))
-    return {"stock": stock, "cadence": cadence, "stock_kv": stock_kv, "outs": outs,
-            "outs_stock_kv": outs_stock_kv, "ptrs_before": ptrs_before, "base_before": base_before}
+    return {"stock": stock, "cadence": cadence, "stock_kv": stock_kv, "outs": outs, "used": used,
+            "predicted": predicted, "outs_stock_kv": outs_stock_kv, "ptrs_before": ptrs_before,
+            "base_before": base_before}
 
 
 def stock_frames(long_run, unit: int, start: int, stop: int) -> bytes:
@@ -67,7 +98,7 @@ def stock_frames(long_run, unit: int, start: int, stop: int) -> bytes:
 def digest(session) -> str:
     """sha256 over every state tensor's bytes (copied to the host) and every host counter."""
     h = hashlib.sha256()
-    for name, value in sorted(mimi.state_tensors(session).items()):
+    for name, value in sorted(session.state().items()):
         h.update(name.encode())
         h.update(value.cpu().contiguous().view(torch.uint8).numpy().tobytes()
                  if isinstance(value, torch.Tensor) else str(value).encode())
@@ -77,7 +108,7 @@ def digest(session) -> str:
 # --- bit-exactness ------------------------------------------------------------------------------
 def test_cadence_equals_stock_bytes_across_ring_wrap(long_run):
     cadence = long_run["cadence"]
-    assert cadence.positions == 2 * sum(UNIT_FRAMES) > cadence.kv_slots() == 250
+    assert cadence.clocks().positions == 2 * sum(UNIT_FRAMES) > cadence.capacity == 250
     for k, (s, c) in enumerate(long_run["outs"]):
         assert s.samples == UNIT_FRAMES[k] * SPF
         compare_units("moshi-reduced", k, s, c)          # float32 waveform and int16 PCM, bytes
@@ -90,8 +121,8 @@ def test_host_ring_rows_equal_moshis_ring_bookkeeping():
 
     capacity, calls = 10, 14
     ring = RingKVCache(1, 1, 1, capacity, device=torch.device("cpu"), dtype=torch.float32)
-    rows = mimi_cadence.ring_rows(0, calls, capacity)
-    assert torch.equal(mimi_cadence.ring_rows(6, calls - 3, capacity), rows[3:])   # later start, later rows
+    rows = ms.ring_rows(0, calls, capacity)
+    assert torch.equal(ms.ring_rows(6, calls - 3, capacity), rows[3:])   # later start, later rows
     for call in range(calls):
         marks = torch.tensor([1000.0 + 2 * call, 1001.0 + 2 * call]).view(1, 1, 2, 1)
         out = ring.complete(marks, marks, torch.ones(1, dtype=torch.bool))
@@ -110,10 +141,11 @@ def test_stock_output_is_not_degenerate(long_run):
 
 def test_frame_graphs_mode_equals_stock(model, units, long_run):
     cadence = mimi.new_session(model, "cadence", {"cadence_graphs": "frame"})
+    used = []
+    record_steps(cadence, used)
     for k in range(2):
-        out = cadence.speak(units[k])
-        compare_units("moshi-reduced", k, long_run["outs"][k][0], out)
-        assert out.info["signature"] == ("frame", 1, 1, 250)
+        compare_units("moshi-reduced", k, long_run["outs"][k][0], cadence.speak(units[k]))
+    assert len(used) == UNIT_FRAMES[0] + UNIT_FRAMES[1] and {(s.step, s.size, n) for s, n in used} == {("frame", 1, 1)}
 
 
 def test_unit_boundaries_do_not_matter(model, units, long_run):
@@ -123,6 +155,43 @@ def test_unit_boundaries_do_not_matter(model, units, long_run):
     assert a.waveform.tobytes() + b.waveform.tobytes() == stock_frames(long_run, 0, 0, 13)
 
 
+# --- the clocks make the keys --------------------------------------------------------------------
+def test_predicted_signatures_are_the_ones_the_steps_ran(long_run):
+    used = long_run["used"]
+    assert [s for s, _ in used] == [sig for unit in long_run["predicted"] for sig in unit]
+    assert [(s.step, s.size, n) for s, n in used] == [("unit", f, f) for f in UNIT_FRAMES]   # F decodes per step
+
+
+def stock_length(state: dict, region: str) -> int:
+    """The length moshi allocated for a region: ring slots (cache [2, B, heads, context, head_dim]) or
+    conv tail samples (previous / partial [B, C, K - S])."""
+    return state[region].shape[-2 if region.endswith("kv_cache.cache") else -1]
+
+
+@pytest.mark.parametrize("graphs", ["frame", "unit"])
+def test_the_clock_predicts_every_step_of_the_real_script(model, graphs):
+    """The whole committed Moshi session script (55 units, LISTEN units decoded too): before each unit the
+    clock predicts its steps; the cache records the signatures speak ran (the cache is a recorder here,
+    so the walk is fast); every predicted region length is what moshi allocated for a stock session."""
+    rows = [json.loads(line) for line in SCRIPT.read_text().splitlines()]
+    cadence, stock = mimi.new_session(model, "cadence", {"cadence_graphs": graphs}), mimi.new_session(model, "stock")
+    used = []
+    cadence.graphs.run = lambda sig, step: used.append(sig) or torch.zeros(1, 1, SPF * sig.size)
+    stock_state = stock.state()
+    for row in rows:
+        frames = len(row["codes"][0])
+        predicted = cadence.signatures(frames, row["final"])
+        used.clear()
+        cadence.speak(row["codes"], final=row["final"])
+        assert used == predicted and len(used) == (1 if graphs == "unit" else frames)
+        for sig in predicted:
+            assert sig.size == (frames if graphs == "unit" else 1) and sig.get("batch") == 1
+            assert {name: stock_length(stock_state, name) for name, _ in sig.lengths} == dict(sig.lengths)
+    kv = [n for n, length in used[0].lengths if n.endswith("kv_cache.cache")]
+    assert len(kv) == 2 and used[0].get(kv[0]) == 250
+    assert cadence.clocks().frames == sum(len(r["codes"][0]) for r in rows) > 250 // 2
+
+
 # --- the arena is the state ----------------------------------------------------------------------
 def test_regions_stay_at_their_arena_addresses(long_run):
     cadence = long_run["cadence"]
@@ -130,7 +199,6 @@ def test_regions_stay_at_their_arena_addresses(long_run):
     assert {b.spec.name: b.view.data_ptr() for b in cadence.bindings} == long_run["ptrs_before"]
     for b in cadence.bindings:            # moshi updated every state in place: none was rebound
         assert getattr(b.owner, b.attr) is b.view, b.spec.name
-    assert cadence.rebinds == 0
 
 
 @pytest.mark.parametrize("which, n_counters", [("cadence", 2 + 1), ("stock_kv", 2 * 2 + 1)])
@@ -141,18 +209,31 @@ def test_counters_follow_the_host_clock(long_run, which, n_counters):
     counters = [b for b in session.bindings if b.view.dtype == torch.int64]
     assert len(counters) == n_counters
     for b in counters:
-        assert b.view.tolist() == [session.positions], b.spec.name
+        assert b.view.tolist() == [session.clocks().positions], b.spec.name
+
+
+def moshi_tensors(states: dict) -> dict:
+    """Every non-empty tensor of moshi's State objects (and their ring KV caches), by dotted name."""
+    out = {}
+    for name, state in states.items():
+        for owner, prefix in ((state, name), (getattr(state, "kv_cache", None), f"{name}.kv_cache")):
+            out.update({f"{prefix}.{a}".lstrip("."): v for a, v in (vars(owner) if owner is not None else {}).items()
+                        if isinstance(v, torch.Tensor) and v.numel()})
+    return out
 
 
 def test_regions_cover_every_decoder_state_tensor(model, long_run):
     cadence, stock = long_run["cadence"], long_run["stock"]
-    stock_tensors = mimi.state_tensors(stock)
-    decoder_side = {n for n, v in stock_tensors.items() if isinstance(v, torch.Tensor) and v.numel()
-                    and n.split(".")[0] in ("decoder", "decoder_transformer", "upsample", "exec_mask")}
+    with model.streaming(1):                       # everything moshi allocates for a stream
+        everything = moshi_tensors(model.get_streaming_state())
+    decoder_side = {n for n in everything if n.split(".")[0] in ("decoder", "decoder_transformer", "upsample",
+                                                                 "exec_mask")}
+    assert decoder_side == set(moshi_tensors(stock.own.states)) and len(decoder_side) < len(everything)
+    assert {n for n, v in stock.state().items() if isinstance(v, torch.Tensor)} == decoder_side
     assert {b.spec.name for b in long_run["stock_kv"].bindings} == decoder_side
     ends = {n for n in decoder_side if n.endswith("kv_cache.end_offset")}
     assert len(ends) == 2 and {b.spec.name for b in cadence.bindings} == decoder_side - ends
-    assert not any(n.startswith(("encoder", "downsample")) for n in mimi.state_tensors(cadence))
+    assert not any(n.startswith(("encoder", "downsample")) for n in cadence.state())
     kv = [b for b in cadence.bindings if b.kind == "RingKVCache.cache"]
     assert [tuple(b.view.shape) for b in kv] == [(2, 1, 8, 250, 64)] * 2
     assert all(b.spec.policy == Ring(250) and b.spec.clock == "positions" for b in kv)
@@ -160,16 +241,14 @@ def test_regions_cover_every_decoder_state_tensor(model, long_run):
     assert tails["upsample.convtr.partial"].policy == Fixed(2)           # K 4 - stride 2
     assert tails["decoder.model.2.partial"].policy == Fixed(8)           # K 16 - stride 8
     assert tails["decoder.model.14.previous"].clock == "samples"              # last conv @ 24 kHz
-    steps = mimi.session_schedule(cadence.bindings, UNIT_FRAMES)
-    assert len({tuple(sorted(s.before.items())) for s in steps}) == 1       # one shape per session
-    assert {cadence.signature(f) for f in UNIT_FRAMES} == {("unit", 13, 1, 250), ("unit", 12, 1, 250)}
+    assert {cadence.signatures(f)[0].size for f in UNIT_FRAMES} == {12, 13}
 
 
 def _corrupt(cadence, kind: str) -> None:
     views = {b.spec.name: b.view for b in cadence.bindings}
     layer0 = "decoder_transformer.transformer.layers.0.self_attn"
     if kind == "host_clock_one_frame_ahead":
-        cadence.frames += 1
+        cadence.clock.frames += 1
     elif kind == "kv_value":
         views[f"{layer0}.kv_cache.cache"][:, :, :, 0] += 0.5
     elif kind == "kv_end_offset_off_by_one":
@@ -209,7 +288,7 @@ def test_the_arena_is_read(model, units, long_run, kv, kind):
     assert (got == want) == (kind == "none")
 
 
-# --- input errors lose nothing --------------------------------------------------------------------
+# --- input errors and limits lose nothing ---------------------------------------------------------
 BAD_CODES = [
     pytest.param([[0] * 2] * 7, id="7-codebooks"),
     pytest.param([[0] * 2] * 9, id="9-codebooks"),
@@ -218,7 +297,6 @@ BAD_CODES = [
     pytest.param([[0, 1.0]] + [[0, 0]] * 7, id="float-id"),
     pytest.param([[0, True]] + [[0, 0]] * 7, id="bool-id"),
     pytest.param([[0, 1]] + [[0]] * 7, id="ragged"),
-    pytest.param([[0] * 14] * 8, id="14-frames"),
     pytest.param([[]] * 8, id="0-frames"),
     pytest.param(torch.zeros(8, 2), id="float-tensor"),
     pytest.param(torch.zeros(8, 2, dtype=torch.bool), id="bool-tensor"),
@@ -231,16 +309,42 @@ BAD_CODES = [
 
 @pytest.mark.parametrize("mode", ["stock", "cadence"])
 @pytest.mark.parametrize("bad", BAD_CODES)
-def test_bad_codes_rejected_and_state_unchanged(model, units, long_run, mode, bad):
+def test_bad_codes_rejected_and_state_unchanged(model, long_run, units, mode, bad):
     session = mimi.new_session(model, mode, {})
     session.speak(units[0][:, :2])
     before = digest(session)
-    with pytest.raises(InputError, match="codes"):
+    with pytest.raises(InputError, match="codes") as info:
         session.speak(bad)
-    assert digest(session) == before
-    assert session.frames == 2
+    assert not isinstance(info.value, LimitError)
+    assert digest(session) == before and session.clocks().frames == 2
     out = session.speak(units[0][:, 2:3])                   # nothing was lost
     assert out.waveform.tobytes() == stock_frames(long_run, 0, 2, 3)
+
+
+@pytest.mark.parametrize("mode", ["stock", "cadence"])
+def test_a_unit_past_the_declared_bound_is_a_limit_error(model, long_run, units, mode):
+    """14 frames: past the unit region's bound (13, the 12.5 Hz clock's ceiling), in both modes."""
+    session = mimi.new_session(model, mode, {})
+    session.speak(units[0][:, :2])
+    before = digest(session)
+    with pytest.raises(LimitError, match="'unit'.*14.*13") as info:
+        session.speak([[0] * 14] * 8)
+    with pytest.raises(LimitError, match="'unit'"):
+        session.signatures(14)
+    assert info.value.session_usable and digest(session) == before
+    assert session.speak(units[0][:, 2:3]).waveform.tobytes() == stock_frames(long_run, 0, 2, 3)
+
+
+@pytest.mark.parametrize("bad", [pytest.param("yes", id="string"), pytest.param(1, id="int"),
+                                 pytest.param(None, id="none")])
+def test_final_must_be_a_bool(model, units, bad):
+    session = mimi.new_session(model, "cadence", {})
+    before = digest(session)
+    with pytest.raises(InputError, match="final"):
+        session.speak(units[0][:, :1], final=bad)
+    assert digest(session) == before
+    with pytest.raises(TypeError):
+        session.speak(units[0][:, :1], True)                # final is keyword-only
 
 
 def test_start_turn_keeps_the_stream(model, units, long_run):
@@ -249,18 +353,157 @@ def test_start_turn_keeps_the_stream(model, units, long_run):
     before = digest(cadence)
     cadence.start_turn()
     assert digest(cadence) == before
-    assert cadence.speak(units[0][:, 2:3]).waveform.tobytes() == stock_frames(long_run, 0, 2, 3)
+    assert cadence.speak(units[0][:, 2:3], final=True).waveform.tobytes() == stock_frames(long_run, 0, 2, 3)
+
+
+def test_capabilities_are_declared(model):
+    for mode, concurrent, graphs in (("stock", True, False), ("stock_graphs", False, True), ("cadence", True, True)):
+        caps = mimi.new_session(model, mode, {}).capabilities
+        assert (caps.turn_state, caps.concurrent, caps.graphs, caps.payload, caps.max_payload) == \
+            ("stream", concurrent, graphs, "frames", 13)
 
 
 def test_bad_mode_and_spec(model):
     with pytest.raises(ValueError, match="mode"):
         mimi.new_session(model, "fast", {})
-    with pytest.raises(ValueError, match="cadence_graphs"):
-        mimi.new_session(model, "cadence", {"cadence_graphs": "padded"})
-    with pytest.raises(ValueError, match="kv_bookkeeping"):
-        mimi.new_session(model, "cadence", {"kv_bookkeeping": "device"})
+    for key, value in (("cadence_graphs", "padded"), ("kv_bookkeeping", "device"), ("capture", "later")):
+        with pytest.raises(ValueError, match=key):
+            mimi.new_session(model, "cadence", {key: value})
     with pytest.raises(ValueError, match="depth"):
         mimi.build_model({}, depth="tiny")
+
+
+def test_prepare_on_cpu_captures_nothing_and_changes_nothing(model, units):
+    cadence = mimi.new_session(model, "cadence", {"cadence_graphs": "unit"})
+    cadence.speak(units[0][:, :2])
+    before = digest(cadence)
+    assert set(cadence.prepare().values()) == {0} and set(cadence.prepare(cadence.signatures(12)).values()) == {0}
+    assert digest(cadence) == before
+    other = mimi.new_session(model, "cadence", {"cadence_graphs": "frame"}).signatures(1)
+    with pytest.raises(InputError, match="signatures"):
+        cadence.prepare(other)
+
+
+def test_a_model_streaming_on_its_own_is_refused(model):
+    with model.streaming(1):
+        for mode in mimi.MODES:
+            with pytest.raises(ConcurrencyError, match="streaming"):
+                mimi.new_session(model, mode, {})
+    assert not model.is_streaming
+
+
+# --- sessions that share a model --------------------------------------------------------------------
+def module_attributes(model) -> dict:
+    """(module, attribute) -> id of the object, for every instance attribute, buffer and parameter."""
+    out = {}
+    for name, mod in model.named_modules():
+        for kind, items in (("attr", vars(mod)), ("buffer", mod._buffers), ("param", mod._parameters)):
+            out.update({(name, kind, k): id(v) for k, v in items.items()})
+    return out
+
+
+@pytest.mark.parametrize("mode", ["stock", "cadence"])
+def test_every_patch_is_undone_after_a_step_and_after_a_step_that_raises(model, units, mode):
+    session = mimi.new_session(model, mode, {})
+    before = module_attributes(model)
+    session.speak(units[0][:, :2])
+    assert bind.live() == 0 and module_attributes(model) == before
+    assert all(m._streaming_state is None for m in model.modules() if hasattr(m, "_streaming_state"))
+
+    def fail(module, args):
+        assert bind.live() > 0                   # the session's states are installed now
+        raise RuntimeError("a kernel failed")
+    handle = model.decoder_transformer.register_forward_pre_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="a kernel failed"):
+            session.speak(units[0][:, 2:4])
+    finally:
+        handle.remove()
+    assert bind.live() == 0 and module_attributes(model) == before
+    assert all(m._streaming_state is None for m in model.modules() if hasattr(m, "_streaming_state"))
+
+
+@pytest.mark.parametrize("mode", ["stock", "cadence"])
+def test_close_frees_the_session_at_once(model, units, mode):
+    session = mimi.new_session(model, mode, {})
+    session.speak(units[0][:, :2])
+    gc.collect()
+    gc.disable()                                  # nothing may wait for the cycle collector
+    try:
+        kv = "decoder_transformer.transformer.layers.0.self_attn.kv_cache.cache"
+        refs = [weakref.ref(session.state()[kv])]
+        if mode == "cadence":
+            refs.append(weakref.ref(session.arena._block))
+        assert all(r() is not None for r in refs)
+        session.close()
+        assert all(r() is None for r in refs)
+    finally:
+        gc.enable()
+    session.close()                               # a second close does nothing
+    for call in (lambda: session.speak(units[0][:, :1]), session.start_turn, session.state, session.stats,
+                 session.clocks, lambda: session.signatures(12), session.prepare):
+        with pytest.raises(ClosedError):
+            call()
+
+
+def run_alone(model, plan) -> list[bytes]:
+    session = mimi.new_session(model, plan["mode"], dict(plan["spec"]))
+    out = [session.speak(codes).waveform.tobytes() for codes in plan["units"]]
+    session.close()
+    return out
+
+
+def test_sessions_on_threads_equal_each_alone(model):
+    """Three sessions (stock, cadence frame graphs, cadence unit graphs with moshi's ring bookkeeping) on
+    three threads, opening at random times, speaking with random pauses, closing when done, while a
+    fourth thread opens and closes sessions all the time: every unit's bytes equal that session's alone,
+    and nothing raises."""
+    gen = torch.Generator().manual_seed(5)
+    plans = [{"mode": mode, "spec": spec,
+              "units": [torch.randint(0, ms.CARDINALITY, (ms.N_Q, f), generator=gen) for f in (5, 4, 6)]}
+             for mode, spec in (("stock", {}), ("cadence", {}),
+                                ("cadence", {"cadence_graphs": "unit", "kv_bookkeeping": "stock"}))]
+    alone = [run_alone(model, plan) for plan in plans]
+    got, errors, done = [None] * len(plans), [], threading.Event()
+
+    def speaker(i):
+        rng = random.Random(10 + i)
+        try:
+            time.sleep(rng.uniform(0, 0.03))
+            session = mimi.new_session(model, plans[i]["mode"], dict(plans[i]["spec"]))
+            outs = []
+            for codes in plans[i]["units"]:
+                time.sleep(rng.uniform(0, 0.005))
+                outs.append(session.speak(codes).waveform.tobytes())
+            session.close()
+            got[i] = outs
+        except Exception as exc:   # noqa: BLE001 - every exception is a failure, reported below
+            errors.append(f"session {i}: {type(exc).__name__}: {exc}")
+
+    def churn():
+        rng, k = random.Random(9), 0
+        try:
+            while not done.is_set():
+                session = mimi.new_session(model, ("cadence", "stock")[k % 2], {})
+                time.sleep(rng.uniform(0, 0.01))
+                session.close()
+                time.sleep(rng.uniform(0, 0.01))
+                k += 1
+        except Exception as exc:   # noqa: BLE001
+            errors.append(f"churn: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=speaker, args=(i,)) for i in range(len(plans))]
+    opener = threading.Thread(target=churn)
+    opener.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    opener.join()
+    assert errors == []
+    diffs = [(i, k) for i, (a, b) in enumerate(zip(alone, got)) for k in range(len(a)) if a[k] != b[k]]
+    assert diffs == [] and bind.live() == 0
 
 
 # --- weights and checkpoints ----------------------------------------------------------------------
@@ -325,11 +568,11 @@ def test_released_config_layout_and_bytes():
     stock, cadence = mimi.new_session(model, "stock", {}), mimi.new_session(model, "cadence", {})
     assert len([b for b in cadence.bindings if b.kind == "RingKVCache.cache"]) == 8
     for k in range(2):
-        codes = torch.randint(0, mimi.CARDINALITY, (mimi.N_Q, 3), generator=gen)
+        codes = torch.randint(0, ms.CARDINALITY, (ms.N_Q, 3), generator=gen)
         compare_units("moshi-released", k, stock.speak(codes), cadence.speak(codes))
 
 
-# --- CUDA: capture and replay -----------------------------------------------------------------------
+# --- CUDA: capture ahead and replay -----------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture and replay")
 class TestCudaGraphs:
@@ -338,28 +581,120 @@ class TestCudaGraphs:
         return mimi.build_model({}, device="cuda", depth="reduced", seed=0)
 
     @pytest.mark.parametrize("graphs, kv", [("unit", "host"), ("frame", "host"), ("unit", "stock")])
-    def test_replay_equals_stock_eager(self, cuda_model, units, graphs, kv):
+    def test_prepared_replay_equals_stock_eager(self, cuda_model, units, graphs, kv):
         stock = mimi.new_session(cuda_model, "stock", {})
         cadence = mimi.new_session(cuda_model, "cadence", {"cadence_graphs": graphs, "kv_bookkeeping": kv})
+        before = digest(cadence)
+        delta = cadence.prepare()                 # None: what every unit needs
+        n_graphs = 2 if graphs == "unit" else 1
+        assert digest(cadence) == before          # a warm-up and the captures changed no state, no clock
+        assert delta["captures"] == delta["graphs"] == n_graphs and delta["capture_failures"] == 0
+        assert delta["graph_bytes"] >= 0 and delta["warmup_runs"] <= n_graphs
         base = cadence.arena.base
         for k, codes in enumerate(units[:4]):
-            compare_units(f"moshi-reduced-cuda-{graphs}", k, stock.speak(codes), cadence.speak(codes))
-        stats = cadence.graphs.stats
-        assert stats.captures == (2 if graphs == "unit" else 1) and stats.capture_failures == 0
-        assert stats.replays == (2 if graphs == "unit" else sum(UNIT_FRAMES[:4]) - 1)   # capture runs once
-        assert stats.eager_runs == 0 and cadence.arena.base == base
+            compare_units(f"moshi-reduced-cuda-{graphs}-{kv}", k, stock.speak(codes), cadence.speak(codes))
+        stats = cadence.stats()
+        assert stats.captures == n_graphs and stats.eager_fallbacks == 0 and stats.eager_runs == 0
+        assert stats.replays == (4 if graphs == "unit" else sum(UNIT_FRAMES[:4]))
+        assert cadence.arena.base == base and bind.live() == 0
 
-    def test_prepare_captures_ahead_and_changes_nothing(self, cuda_model, units):
+    def test_prepare_takes_the_predicted_signatures(self, cuda_model, units):
         stock = mimi.new_session(cuda_model, "stock", {})
         cadence = mimi.new_session(cuda_model, "cadence", {"cadence_graphs": "unit"})
-        before = digest(cadence)
-        assert cadence.prepare((12, 13)) == [("unit", 12, 1, 250), ("unit", 13, 1, 250)]
-        assert digest(cadence) == before and cadence.graphs.stats.captures == 2
-        for k, codes in enumerate(units[:3]):
-            compare_units("moshi-reduced-cuda-prepared", k, stock.speak(codes), cadence.speak(codes))
-        assert cadence.graphs.stats.captures == 2 and cadence.graphs.stats.replays == 3
+        assert cadence.prepare(cadence.signatures(13))["captures"] == 1
+        assert cadence.prepare(cadence.signatures(13))["captures"] == 0      # already held
+        compare_units("moshi-reduced-cuda-13", 0, stock.speak(units[0]), cadence.speak(units[0]))
+        stats = cadence.stats()
+        assert (stats.captures, stats.replays, stats.eager_fallbacks) == (1, 1, 0)
+        compare_units("moshi-reduced-cuda-12", 1, stock.speak(units[1]), cadence.speak(units[1]))
+        after = cadence.stats()          # 12 frames, not captured: eager (a warm-up if its first in the process)
+        assert after.eager_fallbacks + after.warmup_runs - stats.warmup_runs == 1 and after.captures == 1
+
+    def test_without_prepare_every_step_runs_eagerly_and_is_counted(self, cuda_model, units):
+        stock, cadence = mimi.new_session(cuda_model, "stock", {}), mimi.new_session(cuda_model, "cadence", {})
+        for k in range(2):
+            compare_units("moshi-reduced-cuda-eager", k, stock.speak(units[k]), cadence.speak(units[k]))
+        stats = cadence.stats()
+        assert stats.captures == stats.replays == 0
+        assert stats.eager_fallbacks + stats.warmup_runs == sum(UNIT_FRAMES[:2])
+
+    def test_inline_capture_on_first_use(self, cuda_model, units):
+        stock = mimi.new_session(cuda_model, "stock", {})
+        cadence = mimi.new_session(cuda_model, "cadence", {"cadence_graphs": "unit", "capture": "inline"})
+        for k, codes in enumerate(units[:4]):
+            compare_units("moshi-reduced-cuda-inline", k, stock.speak(codes), cadence.speak(codes))
+        stats = cadence.stats()
+        # each unit: a warm-up (first in the process), a capture (its run is not a replay) or a replay
+        assert stats.captures == 2 and stats.captures + stats.replays + stats.warmup_runs == 4
+        assert stats.eager_fallbacks == 0
+
+    def test_threads_replay_without_the_lock_and_equal_each_alone(self, cuda_model, units):
+        """Prepared cadence sessions and stock sessions speak on their own threads and CUDA streams while
+        a thread opens and closes sessions: every unit equals that session alone."""
+        specs = [("stock", {}), ("cadence", {}), ("cadence", {"cadence_graphs": "unit"}),
+                 ("cadence", {"kv_bookkeeping": "stock"})]
+
+        def open_session(mode, spec):
+            session = mimi.new_session(cuda_model, mode, dict(spec))
+            session.prepare()
+            return session
+
+        alone = []
+        for mode, spec in specs:
+            session = open_session(mode, spec)
+            alone.append([session.speak(codes).waveform.tobytes() for codes in units[:4]])
+            session.close()
+        sessions = [open_session(mode, spec) for mode, spec in specs]
+        got, errors, done = [None] * len(specs), [], threading.Event()
+
+        def speaker(i):
+            try:
+                with torch.cuda.stream(torch.cuda.Stream()):
+                    got[i] = [sessions[i].speak(codes).waveform.tobytes() for codes in units[:4]]
+                sessions[i].close()
+            except Exception as exc:   # noqa: BLE001
+                errors.append(f"session {i}: {type(exc).__name__}: {exc}")
+
+        def churn():
+            k = 0
+            while not done.is_set():
+                mimi.new_session(cuda_model, ("cadence", "stock")[k % 2], {}).close()
+                k += 1
+
+        threads = [threading.Thread(target=speaker, args=(i,)) for i in range(len(specs))]
+        opener = threading.Thread(target=churn)
+        opener.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done.set()
+        opener.join()
+        assert errors == [] and got == alone
+
+    def test_close_gives_the_device_memory_back(self, cuda_model, units):
+        spec = {"cadence_graphs": "unit", "arena_backend": "prealloc"}
+        first = mimi.new_session(cuda_model, "cadence", spec)        # process-wide lazy state settles here
+        first.prepare()
+        first.speak(units[0])
+        first.close()
+        gc.collect()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        session = mimi.new_session(cuda_model, "cadence", spec)
+        session.prepare()
+        session.speak(units[0])
+        assert torch.cuda.memory_allocated() > before
+        gc.disable()
+        try:
+            session.close()
+            torch.cuda.synchronize()
+            assert torch.cuda.memory_allocated() == before
+        finally:
+            gc.enable()
 
     def test_moshi_graphs_baseline_runs(self, cuda_model, units):
         session = mimi.new_session(cuda_model, "stock_graphs", {})
         out = session.speak(units[0])
         assert out.samples == UNIT_FRAMES[0] * SPF and np.isfinite(out.waveform).all()
+        assert session.stats().detail["moshi_graphs_captured"] == 2
