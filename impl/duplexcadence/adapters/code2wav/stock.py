@@ -6,7 +6,6 @@ holds the model's lock, so it never runs while a cadence step hands the shared p
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -20,7 +19,7 @@ CAPABILITIES = dict(turn_state="reset", concurrent=True, payload="frames", max_p
 
 def parse_codes(codes) -> torch.Tensor:
     """One unit's codes, int64 [16, N] (InputError); the frame bound is the clock's (Turn.calls: LimitError)."""
-    return check_codes(codes, n_q=NUM_QUANTIZERS, cardinality=CODEBOOK_SIZE, max_frames=math.inf)
+    return check_codes(codes, n_q=NUM_QUANTIZERS, cardinality=CODEBOOK_SIZE, max_frames=None)
 
 
 class StockSession(Session):

@@ -9,7 +9,6 @@ holds `SWITCHES`. A decode sees only its own state and switches, on any number o
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 
 import torch
@@ -80,7 +79,7 @@ class MimiSession(Session):
         unit bound (MimiClock.unit)."""
         self._check_open("speak")
         check_final(final)
-        codes, clock = check_codes(payload, n_q=N_Q, cardinality=CARDINALITY, max_frames=math.inf), self.clock.copy()
+        codes, clock = check_codes(payload, n_q=N_Q, cardinality=CARDINALITY, max_frames=None), self.clock.copy()
         return codes, clock, clock.unit(int(codes.shape[1]), final)
 
 
