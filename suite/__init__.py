@@ -1,12 +1,11 @@
-"""DuplexCadence measurement suite: how to measure (DESIGN.md section 5).
+"""DuplexCadence measurement suite, in layers that import only downwards:
 
-* `suite.env`       provenance of a result (git, packages, device) and the `deterministic()` flags;
-* `suite.memory`    peak-memory probes (driver-level, torch allocator, CPU RSS), keys in MiB;
-* `suite.runner`    drive a workload's session script through an adapter, per-unit records, verdict;
-* `suite.report`    results/<run_id>/: run.json, audio_<mode>.wav, REPORT.md (rebuildable from JSON);
-* `suite.reproduce` the `make reproduce` entry point;
-* `suite.duplex`    the live duplex path: N sessions on the one-second cadence, SPEAK time, misses,
-                    sessions per GPU (`suite.ar_stage`: the AR stage; `suite.duplex_plot`: its plots).
+* `suite.records`  the records every harness writes and the report reads (schemas, read/write, constants);
+* `suite.measure`  session timing, verify, duplex cadence, memory, kernels, the cadence scheduler;
+* `suite.stages`   the staged reproduction: plan, state, running stages (one machine or Ray);
+* `suite.report`   REPORT.md from records alone;
+* `suite.reproduce` the `make reproduce` entry point (stages, then the report after each);
+* `suite.asv`, `suite.bench`  asv and pytest-benchmark benchmarks.
 
 No harness imports a model directly: models are reached through
 `duplexcadence.runtime.adapter(workload.architecture)`. Importing the suite changes no torch state.

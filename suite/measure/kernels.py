@@ -1,20 +1,11 @@
 """Kernel launches and GPU kernel-busy time of one call, from the CUDA profiler (CUPTI via torch.profiler).
 
-`profile_call(fn, *args)` runs `fn` once under `torch.profiler.profile` (CPU + CUDA activities), exports
-the Chrome trace and counts, from it:
-
-* ``launch_calls``: host API calls that launch work, by name: cudaLaunchKernel / cudaLaunchKernelExC /
-  cuLaunchKernel / cuLaunchKernelEx (one kernel each), cudaGraphLaunch (one whole graph),
-  cudaMemcpyAsync / cudaMemsetAsync. ``kernel_launches`` = the kernel-launching calls (graph replays
-  excluded), ``graph_launches`` = cudaGraphLaunch calls.
-* ``kernels``: kernels that ran on the GPU (those inside a replayed graph included, as CUPTI reports them).
-* ``kernel_busy_ms``: the union of the kernels' [start, end) intervals on the GPU timeline (overlaps
-  counted once); ``gpu_busy_ms`` adds memcpy/memset intervals.
-* ``wall_ms``: host time of the profiled call (profiler overhead included, so not a speed figure).
-
-Profiling slows the host side; the suite profiles units that are excluded from the timing statistics.
-On CPU the call runs unprofiled and the counts are None. Source: torch.profiler (kineto) trace format,
-categories "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver".
+`profile_call(fn, *args)` runs `fn` once under `torch.profiler.profile` and counts, from its Chrome trace:
+`launch_calls` (host API calls that launch work, by name), `kernel_launches` (the kernel-launching calls,
+graph replays excluded), `graph_launches` (cudaGraphLaunch), `kernels` (kernels that ran, those inside
+replayed graphs included), `kernel_busy_ms` (the union of the kernels' intervals on the GPU timeline),
+`gpu_busy_ms` (with memcpy / memset), `wall_ms` (host time under the profiler: not a speed figure). On CPU
+the call runs unprofiled and the summary is None.
 """
 from __future__ import annotations
 
