@@ -281,13 +281,6 @@ def device_short_name(info: dict) -> str:
     return "".join(c if c.isalnum() or c == "-" else "-" for c in ("-".join(words) or "gpu"))
 
 
-def run_id(record: dict) -> str:
-    """`<UTC date>-<device short name>-<workload>` of a run record."""
-    prov = record.get("provenance", {})
-    date = str(prov.get("date_utc", "unknown-date"))[:10]
-    return f"{date}-{device_short_name(prov.get('device', {}))}-{record['workload']['name']}"
-
-
 def write_run(folder: Path, record: dict, audio: dict) -> Path:
     """Write run.json and audio_<mode>.wav (int16 PCM mono, 24 kHz, soundfile) of a run record into
     `folder` (made if missing); `record` gains run_id and audio (file, samples, sha256 of each mode's whole
@@ -407,8 +400,7 @@ def unpack_units(record: dict) -> dict:
             raise ValueError(f"{where}: expected a table {{'columns', 'rows', 'interned'}} or a list of rows, "
                              f"got {type(units).__name__}")
         cols, rows, interned = units.get("columns"), units.get("rows"), units.get("interned")
-        if (not isinstance(cols, list) or not all(isinstance(c, str) for c in cols)
-                or len(set(cols)) != len(cols)):
+        if (not isinstance(cols, list) or not all(isinstance(c, str) for c in cols) or len(set(cols)) != len(cols)):
             raise ValueError(f"{where}: 'columns': expected distinct strings, got {json.dumps(cols)[:60]}")
         if (not isinstance(interned, list) or not all(isinstance(c, str) for c in interned)
                 or not set(interned) <= set(cols) & set(INTERNED_COLUMNS)):

@@ -79,3 +79,22 @@ def test_repack_ray_wheel_drops_the_jars_and_their_record_lines(tmp_path):
         assert z.namelist() == ["ray/__init__.py", "ray-9.9.9.dist-info/RECORD"]
         assert z.read("ray-9.9.9.dist-info/RECORD").decode() == "ray/__init__.py,sha256=a,6\n"
         assert z.read("ray/__init__.py") == b"x = 1\n"
+
+
+def test_same_bytes_compares_the_stages_both_folders_have_done(tmp_path, capsys):
+    import json
+    from tools import same_bytes
+
+    def folder(name, sha):
+        run = tmp_path / name
+        (run / "w.verify").mkdir(parents=True)
+        (run / "stages.json").write_text(json.dumps({"schema": "duplexcadence.stages/1", "options": {"device": "cuda"},
+                                                    "stages": {"w.verify": {"workload": "w", "harness": "verify",
+                                                                            "status": "done"}}}))
+        (run / "w.verify" / "run.json").write_text(json.dumps({"modes": {"stock": {"units": [
+            {"index": 3, "sha256_f32": sha, "sha256_pcm16": "p"}, {"index": 4, "sha256_f32": None}]}}}))
+        return str(run)
+    a, b, c = folder("a", "x"), folder("b", "x"), folder("c", "y")
+    assert same_bytes.main([a, b]) == 0 and "w.verify: 1 units, 0 differ" in capsys.readouterr().out
+    assert same_bytes.main([a, c]) == 1 and "1 differ: [('stock', 3)]" in capsys.readouterr().out
+    assert same_bytes.main([a, str(tmp_path / "nowhere")]) == 2

@@ -23,8 +23,7 @@ def layout() -> dict:
             "estimator_att": (STEPS, DIT_SLOTS, 2, HEADS, L, DK2),
             "estimator_cnn": (STEPS, DIT_SLOTS, 2, 1024, 2),
             "conformer_cnn": (1, 512, 6),
-            "dit_att_scratch": (DIT_SLOTS, 2, HEADS, L, DK2),
-            "dit_cnn_scratch": (DIT_SLOTS, 2, 1024, 2)}
+            "dit_att_scratch": (DIT_SLOTS, 2, HEADS, L, DK2), "dit_cnn_scratch": (DIT_SLOTS, 2, 1024, 2)}
 
 
 def open_arena(shapes: dict) -> tuple[Arena, list]:

@@ -120,8 +120,7 @@ def device_info(device: str | torch.device = "cpu") -> dict:
         uuid = getattr(props, "uuid", None)
         out.update({"gpu_name": props.name, "gpu_capability": f"{props.major}.{props.minor}",
                     "gpu_memory_mib": props.total_memory // 2**20, "gpu_sm_count": props.multi_processor_count,
-                    **({"gpu_uuid": f"GPU-{uuid}"} if uuid else {}),
-                    **nvidia_smi(f"GPU-{uuid}" if uuid else index)})
+                    **({"gpu_uuid": f"GPU-{uuid}"} if uuid else {}), **nvidia_smi(f"GPU-{uuid}" if uuid else index)})
     return out
 
 
@@ -131,8 +130,7 @@ def provenance(command: list[str] | None = None, *, device: str | torch.device =
     cuda = torch.version.cuda
     facts = {"git_rev": git("rev-parse", "HEAD") or "NA",
              "git_dirty": None if lines is None else is_dirty(lines),
-             "git_status": lines if lines is not None else "NA",
-             **impl_tree(lines=lines or [])}
+             "git_status": lines if lines is not None else "NA", **impl_tree(lines=lines or [])}
     if lines is None and os.environ.get("DUPLEXCADENCE_GIT_REV"):
         # A copied working tree without .git (a lent GPU machine): the caller states the checkout it
         # copied, read with git on the machine it was copied from.

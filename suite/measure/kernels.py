@@ -1,11 +1,8 @@
-"""Kernel launches and GPU kernel-busy time of one call, from the CUDA profiler (CUPTI via torch.profiler).
-
-`profile_call(fn, *args)` runs `fn` once under `torch.profiler.profile` and counts, from its Chrome trace:
-`launch_calls` (host API calls that launch work, by name), `kernel_launches` (the kernel-launching calls,
-graph replays excluded), `graph_launches` (cudaGraphLaunch), `kernels` (kernels that ran, those inside
-replayed graphs included), `kernel_busy_ms` (the union of the kernels' intervals on the GPU timeline),
-`gpu_busy_ms` (with memcpy / memset), `wall_ms` (host time under the profiler: not a speed figure). On CPU
-the call runs unprofiled and the summary is None.
+"""Kernel launches and GPU kernel-busy time of one call, from the CUDA profiler (CUPTI via torch.profiler):
+`profile_call(fn, *args)` runs `fn` once profiled and counts from its Chrome trace `launch_calls` (by API),
+`kernel_launches` (graph replays excluded), `graph_launches`, `kernels` (those inside replayed graphs
+included), `kernel_busy_ms` (the union of the kernels' intervals), `gpu_busy_ms` (with copies) and
+`wall_ms` (under the profiler: no speed figure). On CPU the call runs unprofiled, the summary None.
 """
 from __future__ import annotations
 
@@ -75,8 +72,7 @@ def summarize_trace(events: list[dict]) -> dict:
             "kernel_launches": sum(calls.get(n, 0) for n in KERNEL_LAUNCH_APIS),
             "graph_launches": sum(calls.get(n, 0) for n in GRAPH_LAUNCH_APIS),
             "kernels": len(kernels),
-            "kernel_busy_ms": _union_ms(kernels),
-            "gpu_busy_ms": _union_ms(kernels + copies)}
+            "kernel_busy_ms": _union_ms(kernels), "gpu_busy_ms": _union_ms(kernels + copies)}
 
 
 def profile_call(fn, *args, device: torch.device | str = "cuda", **kwargs):

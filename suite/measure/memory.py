@@ -1,14 +1,9 @@
-"""Peak memory of a session, in MiB, against the right baselines.
-
-Samples frame a session: `idle` (before the model is built), `model` (built, no session), the session's own
-base (just before it opens) and its peak. The per-session increment is peak minus base; "peak over idle" is
-(model - idle) + that increment, what one process per mode measures even when sessions run one after the
-other on one model. CUDA, driver level: used device memory (NVML, else cudaMemGetInfo), which sees VMM
-mappings and graph pools that torch's allocator statistics cannot; neither the allocator nor an arena gives
-memory back within a session, so the largest `observe()` sample is the peak. CUDA, allocator level:
-max_memory_allocated / reserved, reset per session. CPU: resident set size, its peak the kernel's VmHWM
-reset per session (else ru_maxrss of the process, said in `peak_rss_source`). Driver-level figures are
-device-wide: one process per measurement where other work shares the GPU.
+"""Peak memory of a session, in MiB, against the right baselines: `idle` (before the model), `model` (built,
+no session), the session's base and its peak. The per-session increment is peak - base; "peak over idle"
+is (model - idle) + that increment. CUDA: driver-level used memory (NVML, else cudaMemGetInfo: it sees VMM
+mappings and graph pools, which torch's allocator statistics cannot) and torch's max allocated / reserved;
+CPU: resident set size, its peak VmHWM reset per session (else ru_maxrss, said in `peak_rss_source`).
+Driver-level figures are device-wide: one process per measurement.
 """
 from __future__ import annotations
 
@@ -120,8 +115,7 @@ class MemoryProbe:
             rss_reset = None
         else:
             rss_reset = reset_peak_rss()
-        self._session = {"base": base, "driver_peak_mib": base.get("driver_used_mib"),
-                         "rss_reset": rss_reset}
+        self._session = {"base": base, "driver_peak_mib": base.get("driver_used_mib"), "rss_reset": rss_reset}
 
     def observe(self) -> None:
         """Take one driver-level sample inside a session (CUDA; a no-op on CPU, where VmHWM tracks it)."""

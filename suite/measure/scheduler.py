@@ -1,16 +1,11 @@
 """Many duplex sessions on one device, each on a one-second wall-clock cadence, with admission control.
 
-A session (a `Slot`) is a sequence of units; unit k of session s is released at `phase_s + k * period_s` on
-the scheduler's clock and due one period later (a deadline miss: its work ends after its period). A
-session's units run strictly in order, so a unit released while the previous one still runs starts late
-and its lateness counts against it. Units without work (a LISTEN unit without payload) are recorded, not run.
-
-Policies (never batched): "edf", one host thread and stream, the released unit with the earliest deadline
-runs to completion first (no two sessions' kernels overlap); "threads", a host thread (and on CUDA a stream)
-per session, sleeping until each release (kernels of different sessions may overlap; sessions sharing
-mutable module state serialise that part of `run_unit` themselves). Admission: `admit` refuses a slot whose
-`footprint_bytes` do not fit in what is left of `budget_bytes` (AdmissionError). The clock is injectable
-(`Clock`), so tests drive misses exactly; a slot's `run_unit` returns when its work is done.
+Unit k of a session (`Slot`) is released at `phase_s + k * period_s` and due one period later; a
+session's units run in order, so one released while the previous still runs starts late and its lateness
+counts. Units without work are recorded, not run. Policies (never batched): "edf", one thread, the
+released unit with the earliest deadline first; "threads", a thread (and on CUDA a stream) per session.
+`admit` refuses a slot whose `footprint_bytes` do not fit what is left of `budget_bytes`. The clock is
+injectable, so tests drive misses exactly.
 """
 from __future__ import annotations
 

@@ -84,8 +84,7 @@ def render(data: dict, refs: dict[str, dict] | None = None, written: list[str] |
                   "## Between runs (the noise between processes and sittings)", "",
                   "One run's timing rounds share a process and a few minutes of the host; on a host whose speed "
                   "changes they under-state the noise between runs. Pooled over the reference runs of the same impl/ tree, their rounds' min-max is that "
-                  "noise as measured so far; more runs can still widen it.", "",
-                  between_runs_table(data, refs), ""]
+                  "noise as measured so far; more runs can still widen it.", "", between_runs_table(data, refs), ""]
     parts += ["## Stages", "", stages_table(data), "",
               "Each stage's own REPORT.md, run.json and log.txt are in its folder (`<stage>/`).", "",
               "## Provenance", "", provenance_table(data), "",
@@ -120,8 +119,7 @@ def verdicts_line(state: dict) -> str:
             + ".")
 
 
-def prepare(run_dir: str | Path, compare: list[str] | None = None,
-            results_root: str | Path | None = None) -> tuple:
+def prepare(run_dir: str | Path, compare: list[str] | None = None, results_root: str | Path | None = None) -> tuple:
     """Load the staged run and its references and render the report in memory, writing nothing: what
     `write` checks first. Returns (data, refs, root). Raises FileNotFoundError (missing stages.json or
     reference) and ValueError (a malformed record or reference; TypeError, KeyError and AttributeError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from suite.records import PUBLISHED, headline, read_json, run_id
+from suite.records import PUBLISHED, device_short_name, headline, read_json
 from suite.report.text import DASH, fmt, pct_change, table
 
 
@@ -111,8 +111,7 @@ def per_unit(record: dict) -> str:
                 tail = f"profiled: {v['kernels']['kernel_launches']} launches, {v['kernels']['graph_launches']} graphs"
             else:
                 tail = fmt(v.get("tail_ms")) + warm if v.get("tail_ms") is not None else ""
-            row += [tail,
-                    (v.get("sha256_f32") or "")[:12], (v.get("sha256_pcm16") or "")[:12]]
+            row += [tail, (v.get("sha256_f32") or "")[:12], (v.get("sha256_pcm16") or "")[:12]]
         if len(names) > 1:
             row.append(fmt(equal.get(i)) if i in equal else "")
         rows.append(row)
@@ -169,8 +168,10 @@ def parameters(record: dict) -> str:
 
 
 def render(record: dict) -> str:
-    """REPORT.md text of a run record (run.json)."""
-    rid = record.get("run_id") or run_id(record)
+    """REPORT.md text of a run record (run.json); named by its run_id, else `<UTC date>-<device>-<workload>`."""
+    prov = record.get("provenance", {})
+    rid = record.get("run_id") or (f"{str(prov.get('date_utc', 'unknown-date'))[:10]}-"
+                                   f"{device_short_name(prov.get('device', {}))}-{record['workload']['name']}")
     parts = [f"# DuplexCadence run {rid}", "",
              f"**Verdict: {record['verdict']}**", ""]
     parts += [f"- {r}" for r in record.get("invalid_reasons", [])]

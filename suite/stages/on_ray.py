@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from suite.records import REPO_ROOT, StateError, device_type
+from suite.records import REPO_ROOT, StateError, device_type, instant
 from suite.stages.plan import Stage, stage_argv
 from suite.stages.process import OUT, Outcome, stage_task
 from suite.stages.run import Sitting
@@ -45,8 +45,7 @@ def connect(address: str, *, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():                 # a connection this process made already: used as it is
         return False
     if address == "local":
-        ray.init(num_cpus=num_cpus, resources={HOST_RESOURCE: HOST_UNITS}, include_dashboard=False,
-                 log_to_driver=True)
+        ray.init(num_cpus=num_cpus, resources={HOST_RESOURCE: HOST_UNITS}, include_dashboard=False, log_to_driver=True)
         return True
     ray.init(address=address, log_to_driver=True,
              runtime_env={"working_dir": str(REPO_ROOT), "excludes": WORKING_DIR_EXCLUDES})
@@ -122,7 +121,9 @@ def run_plan_ray(stages: list[Stage], state: State, options: dict, *, address: s
             (ref,), _ = ray.wait(list(flight), num_returns=1)
             stage, out_dir, t, argv = flight.pop(ref)
             outcome = _receive(ray, ref, out_dir, ["python", "-m", *argv])
-            if sitting.end(stage, outcome, clock() - t):
+            start, end = instant(outcome.started_utc), instant(outcome.ended_utc)
+            seconds = (end - start).total_seconds() if start and end else clock() - t   # not its time queued
+            if sitting.end(stage, outcome, seconds):
                 queue.insert(0, stage)
         return sitting.close()
     except BaseException:

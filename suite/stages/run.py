@@ -153,7 +153,8 @@ class Sitting:
                  + (f": {st.reason}" if st.reason else ""))
         if st.log_tail and st.status != "done":
             self.log("  | " + "\n  | ".join(st.log_tail[-12:]))
-        retry = st.status == "failed" and st.attempts <= self.retries and not stopping()
+        cut = st.timeout_s is not None and st.timeout_s < stage.budget_s     # the sitting's budget ended it
+        retry = st.status == "failed" and st.attempts <= self.retries and not cut and not stopping()
         if retry:
             st.reason = f"attempt {st.attempts} failed ({st.reason}); retried"
         self.state.save()
