@@ -218,7 +218,7 @@ def test_skipped_stage_is_recorded_and_checked_again(tmp_path):
 def test_the_console_counts_the_stages_and_gives_the_estimates(tmp_path):
     lines = []
     run(tmp_path, three(), Stub(fail={"w.memory_cadence"}), log=lines.append)
-    assert lines[0] == "plan: 3 stage(s) to run, expected about 5 min"
+    assert lines[0] == "plan: 3 stage(s) to run, about 5 min of stage time"
     starts = [line for line in lines if ": start" in line]
     assert starts[0] == "stage 1 of 3 w.verify: start (expected about 100 s, budget 100 s, timeout 100 s)"
     assert starts[1].startswith("stage 2 of 3 w.memory_stock: start (expected about 100 s")
@@ -227,7 +227,7 @@ def test_the_console_counts_the_stages_and_gives_the_estimates(tmp_path):
     assert "  | boom" in lines                                    # a failed stage's own output
     lines.clear()
     run(tmp_path, three(), Stub(), resume=True, log=lines.append)
-    assert lines[0] == "plan: 1 stage(s) to run, expected about 15 s; 2 done (kept)"   # 1.5 x the memory stage done
+    assert lines[0] == "plan: 1 stage(s) to run, about 15 s of stage time; 2 done (kept)"   # 1.5 x the memory stage done
 
 
 def test_state_open_rules(tmp_path):

@@ -169,7 +169,7 @@ class SpeakUnit(abc.ABC):
 
     def track_peak_mib(self, *params):
         """Peak memory over idle (model + session through the warm-up), MiB: driver level on CUDA, RSS on
-        CPU (suite.memory.headline)."""
+        CPU (suite.records.headline)."""
         return headline(self.warm.memory())[1]
     track_peak_mib.unit = "MiB"
 

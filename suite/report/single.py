@@ -107,7 +107,7 @@ def per_unit(record: dict) -> str:
         for m in names:
             v = by_mode[m].get(i, {})
             warm = "" if v.get("measured") else " (warm-up)" if v.get("kind") == "SPEAK" else " (listen)"
-            if v.get("kernels"):    # profiled (suite.kernels): wall time under the profiler, not a speed
+            if v.get("kernels"):    # profiled (suite.measure.kernels): wall time under the profiler, not a speed
                 tail = f"profiled: {v['kernels']['kernel_launches']} launches, {v['kernels']['graph_launches']} graphs"
             else:
                 tail = fmt(v.get("tail_ms")) + warm if v.get("tail_ms") is not None else ""
@@ -124,7 +124,7 @@ def per_unit(record: dict) -> str:
 
 
 def kernels_table(record: dict) -> str:
-    """Per-unit medians over the profiled SPEAK units (suite.kernels), one row per mode."""
+    """Per-unit medians over the profiled SPEAK units (suite.measure.kernels), one row per mode."""
     rows = []
     for mode, run in record["modes"].items():
         m = run["metrics"]

@@ -94,7 +94,7 @@ class Sitting:
         self.number: dict[str, int] = {}
         state.save()
         total = sum(estimate_s(s, state.stages) for s in self.todo)
-        log(f"plan: {len(self.todo)} stage(s) to run, expected about {_duration(total)}"
+        log(f"plan: {len(self.todo)} stage(s) to run, about {_duration(total)} of stage time"
             + (f"; {len(self.record['kept'])} done (kept)" if self.record["kept"] else "")
             + (f"; {len(self.record['skipped'])} skipped" if self.record["skipped"] else "")
             + (f"; on Ray ({where})" if where else ""))
