@@ -1,11 +1,12 @@
 # DuplexCadence. Every target does its own set-up (the virtual environment in .venv).
-# `make reproduce`  the main job, staged and resumable (suite/stages.py; per workload verify, memory_stock,
+# `make reproduce`  the main job, staged and resumable (suite/stages/; per workload verify, memory_stock,
 #                   memory_cadence, duplex_stock, duplex_cadence): writes results/<date>-<device>-reproduce/
-#                   stages.json, one folder per stage and one merged REPORT.md (CPU default: minicpmo45 verify, 4 units)
+#                   stages.json, one folder per stage and one merged REPORT.md (CPU default: minicpmo45 verify, 4 units).
+#                   RAY=1 installs the ray extra: make reproduce RAY=1 ARGS="--ray local" (or --ray auto / ADDRESS)
 # `make report`     rebuilds REPORT.md of the named results folders from their JSON: make report ARGS=results/<run>
 #                   (one folder or more; with none it exits 2 and rewrites nothing); a second run of a tree
 #                   against the first: make report ARGS="results/<run>-second --compare results/<run>"
-# `make test`       the test suite (CPU; GPU-only tests skip with the reason)
+# `make test`       the test suite (CPU; GPU-only tests skip with the reason); installs the ray extra for the Ray tests
 # `make bench`      pytest-benchmark microbenchmarks of the runtime's parts
 # `make asv`        asv benchmarks against the current environment, kept under results/asv (history accumulates);
 #                   ASV_MACHINE=h200 names the machine (default: asv's, from the hostname, which a lent GPU host
@@ -22,16 +23,18 @@ WHEELS ?=
 ASV_PYTHON ?= /tmp/duplexcadence-asv/python
 PIP_OFFLINE := $(if $(WHEELS),--no-index --find-links $(WHEELS),)
 # Options for reproduce: make reproduce ARGS="--device cuda --stages 'minicpmo45.*' --run-dir DIR --resume --budget-s 570"
-# (exit status 3: budget spent with stages pending; run the same command again); add --gpus 0,1 on a host with
-# two GPUs to run two stages at a time, each pinned to its GPU (a duplex stage needs --budget-s >= 560)
+# (exit status 3: budget spent with stages pending; run the same command again; a duplex stage needs --budget-s >= 560)
 ARGS ?=
+# RAY=1: install the ray extra before reproduce (the stages as Ray tasks: ARGS="--ray local|auto|ADDRESS")
+RAY ?=
 # stepaudio2 wraps its encoder chunk in torch.compile(backend="eager"): tracing and recompiling for every
 # new shape is host overhead only (the same aten kernels run), minutes per session on a CPU. Off by default
 # for both modes alike, recorded in every result; `make reproduce TORCHDYNAMO_DISABLE=0` keeps it.
 export TORCHDYNAMO_DISABLE ?= 1
 
-.PHONY: setup reproduce report test bench asv clean
+.PHONY: setup ray reproduce report test bench asv clean
 setup: $(VENV)/.stamp
+ray: $(VENV)/.ray-stamp
 
 # torch: reuse a CUDA-enabled torch already on the machine (GPU hosts), else the pinned CPU wheel. Where that
 # torch lives in a virtual environment itself (the lent H200: /opt/torch/.venv), --system-site-packages sees only
@@ -50,13 +53,19 @@ $(VENV)/.stamp: pyproject.toml stock-packages.txt
 	$(PY) -m pip install -q $(PIP_OFFLINE) $(if $(WHEELS),--no-build-isolation,) -e .
 	@touch $@
 
-reproduce: setup
+# the optional ray extra (pyproject.toml); offline: WHEELS=dir holding the ray wheel (tools/repack_ray_wheel.py
+# makes one without its Java jars) and its dependencies
+$(VENV)/.ray-stamp: $(VENV)/.stamp pyproject.toml
+	$(PY) -m pip install -q $(PIP_OFFLINE) $(if $(WHEELS),--no-build-isolation,) -e ".[ray]"
+	@touch $@
+
+reproduce: setup $(if $(RAY),ray,)
 	$(PY) -m suite.reproduce $(ARGS)
 
 report: setup
 	$(PY) -m suite.report $(ARGS)
 
-test: setup
+test: setup ray
 	$(PY) -m pytest -q tests
 
 bench: setup

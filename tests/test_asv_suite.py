@@ -1,6 +1,6 @@
 """suite/asv: every registry workload has a benchmark class, impossible combinations are skipped (asv:
-NotImplementedError from setup) before anything is built, and one reduced CPU combination (Moshi's Mimi
-decoder, cadence mode: the smallest model) runs its setup, timed unit and track methods once.
+NotImplementedError from setup) before anything is built, and a benchmark class on the fake adapter of
+tests/fakes.py (the session protocol) runs its setup, timed unit and track methods once.
 No timing is checked here; asv does the timing (suite/asv/README.md)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import workloads
 from duplexcadence import runtime
 from suite.asv import bench_speak, common
-from torch_threads import torch_threads  # tests/ is on sys.path under pytest
+import fakes
 
 WITH_ADAPTER = [n for n in workloads.names() if workloads.get(n).architecture in runtime.ADAPTERS]
 
@@ -80,57 +80,64 @@ def test_unimplemented_variant_skips():
         bench_speak.FlowHift().setup("stepaudio2_mini", "stock", 10, "cpu")
 
 
-# --- helpers that read adapters' stats and schedules -------------------------------------------------
-@pytest.mark.parametrize("stats, captures, fallbacks", [
-    pytest.param({"captures": 3, "eager_fallbacks": 1, "graphs": 3}, 3, 1, id="flow_hift-top-level"),
-    pytest.param({"graphs": {"captures": 2, "eager_fallbacks": 4}}, 2, 4, id="nested"),
-    pytest.param({"mode": "stock_graphs", "moshi_graphs_captured": 2}, 2, 0, id="moshi-own"),
-    pytest.param({}, 0, 0, id="stock"),
-])
-def test_graph_counts(stats, captures, fallbacks):
-    assert common.graph_counts(stats) == {"captures": captures, "eager_fallbacks": fallbacks}
-
-
+# --- the steady unit from the session's clocks ---------------------------------------------------------------
 def test_check_steady_rejects_a_timed_unit_that_is_not_steady():
-    common.check_steady("w", "m", [("ramp", 1), ("steady", 1), ("steady", 1)])
+    common.check_steady("w", "m", [("a",), ("b",), ("b",), ("b",)])
     with pytest.raises(RuntimeError, match="not steady"):
-        common.check_steady("w", "m", [("ramp", 1), ("ramp", 2), ("steady", 2)])
-    with pytest.raises(RuntimeError, match="not steady"):     # steady, but a new shape: a new graph
-        common.check_steady("w", "m", [("ramp", 1), ("steady", 2), ("steady", 2)])
+        common.check_steady("w", "m", [("a",), ("a",), ("b",), ("b",)])
+    with pytest.raises(RuntimeError, match="not steady"):
+        common.check_steady("w", "m", [("b",), ("b",), ("c",)])
 
 
-# --- one reduced CPU combination, run once ------------------------------------------------------------
+class FakeBench(common.SpeakUnit):
+    ARCHITECTURE = "fake"
+    params = [["fake"], ["stock", "cadence"], ["cpu"]]
+    param_names = ["workload", "mode", "device"]
+
+    def bind(self, workload, mode, device):
+        return workload, mode, None, device
+
+
 @pytest.fixture
-def two_threads():
-    with torch_threads(2):      # the count before is back after the test
-        yield
+def fake_registry(tmp_path, monkeypatch):
+    fakes.register(monkeypatch)
+    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=6, listen_per_turn=1)
+    wl.euler_steps = None
+    monkeypatch.setattr(workloads, "get", lambda name: wl)
+    return wl
 
 
-def test_reduced_cpu_combination_runs_setup_time_and_tracks(two_threads):
-    params = ("moshi", "cadence", "cpu")
-    bench = bench_speak.Mimi()
+def test_a_combination_runs_setup_time_and_tracks(fake_registry):
+    """The timed unit replays: setup prepared the voice and the steady unit's signatures (from the clocks)."""
+    params = ("fake", "cadence", "cpu")
+    bench = FakeBench()
     try:
         bench.setup(*params)
         warm = bench.warm
-        assert warm.depth == "reduced" and [p for p, _ in warm.plan[-2:]] == ["steady", "steady"]
-        warmup, steady = common.turn_payloads(workloads.get("moshi"))
-        assert len(warmup) == 3 and len(steady) == 8 and len(steady[0]) == 13   # 8 codebooks x 13 frames
-        frames = warm.session.stats()["frames"]
-        assert frames == sum(len(p[0]) for p in warmup) + 13
-
+        assert warm.depth == "reduced" and warm.plan[-1] == warm.plan[-2] == warm.plan[-3]
+        warmup, steady = common.turn_payloads(fake_registry)
+        assert len(warmup) == 3 and len(steady) == 25
+        before = warm.stats()
         bench.setup(*params)                  # asv calls setup before every sample: reused, not rebuilt
         assert bench.warm is warm
         assert bench.time_steady_unit(*params) is None
-        assert warm.session.stats()["frames"] == frames + 13
-
-        assert bench.track_arena_mib(*params) == warm.session.arena.bytes_mapped / 2**20 > 0
-        assert bench.track_graphs_captured(*params) == 0          # CPU: graphs are off, every step eager
-        assert bench.track_eager_fallbacks(*params) == 0
-        assert bench.track_peak_mib(*params) > 0
+        after = warm.stats()
+        assert after.units == before.units + 1 and after.replays == before.replays + 1
+        assert bench.track_eager_fallbacks(*params) == before.eager_fallbacks
+        assert bench.track_graphs_captured(*params) == after.captures > 0
+        assert bench.track_arena_mib(*params) == 0          # the fake maps no arena
+        assert bench.track_peak_mib(*params) is not None
         for name in ("track_peak_mib", "track_arena_mib", "track_graphs_captured", "track_eager_fallbacks"):
-            assert getattr(bench_speak.Mimi, name).unit
+            assert getattr(FakeBench, name).unit
     finally:
         common.drop_warm()
+    assert common._WARM is None
+
+
+def test_a_timed_unit_that_would_meet_a_new_signature_is_refused(fake_registry, monkeypatch):
+    monkeypatch.setattr(common, "WARMUP_UNITS", 1)            # history 0, 1 only: the steady unit is still ramping
+    with pytest.raises(RuntimeError, match="not steady"):
+        FakeBench().setup("fake", "cadence", "cpu")
     assert common._WARM is None
 
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from suite import kernels, stage_run
-from suite.gpu import flow_hift_check
+from suite.measure import kernels, stage
+from tools.gpu import flow_hift_check
+from tools import repack_ray_wheel
 
 
 @pytest.mark.parametrize("events,match", [
@@ -45,6 +46,55 @@ def test_flow_hift_check_bad_flag_exits_2_naming_it(capsys, flags, match):
     assert match in err[-1] and "Traceback" not in "".join(err)
 
 
-def test_stage_run_bad_device_exits_2(capsys):
-    assert stage_run.main(["verify", "--workload", "minicpmo45", "--device", "tpu", "--out", "x"]) == 2
+def test_stage_bad_device_exits_2(capsys):
+    assert stage.main(["verify", "--workload", "minicpmo45", "--device", "tpu", "--out", "x"]) == 2
     assert "--device" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("what", ["missing", "not-a-zip", "no-record", "own-folder"])
+def test_repack_ray_wheel_bad_input_exits_2(tmp_path, capsys, what):
+    import zipfile
+    wheel = tmp_path / "ray-9.9.9-py3-none-any.whl"
+    if what == "not-a-zip":
+        wheel.write_text("x")
+    elif what in ("no-record", "own-folder"):
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr("ray/__init__.py", "")
+            if what == "own-folder":
+                z.writestr("ray-9.9.9.dist-info/RECORD", "ray/__init__.py,,\n")
+    out = tmp_path if what == "own-folder" else tmp_path / "out"
+    assert repack_ray_wheel.main([str(wheel), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_repack_ray_wheel_drops_the_jars_and_their_record_lines(tmp_path):
+    import zipfile
+    wheel = tmp_path / "ray-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("ray/__init__.py", "x = 1\n")
+        z.writestr("ray/jars/ray_dist.jar", b"\0" * 1000)
+        z.writestr("ray-9.9.9.dist-info/RECORD", "ray/__init__.py,sha256=a,6\nray/jars/ray_dist.jar,sha256=b,1000\n")
+    assert repack_ray_wheel.main([str(wheel), "--out", str(tmp_path / "out")]) == 0
+    with zipfile.ZipFile(tmp_path / "out" / wheel.name) as z:
+        assert z.namelist() == ["ray/__init__.py", "ray-9.9.9.dist-info/RECORD"]
+        assert z.read("ray-9.9.9.dist-info/RECORD").decode() == "ray/__init__.py,sha256=a,6\n"
+        assert z.read("ray/__init__.py") == b"x = 1\n"
+
+
+def test_same_bytes_compares_the_stages_both_folders_have_done(tmp_path, capsys):
+    import json
+    from tools import same_bytes
+
+    def folder(name, sha):
+        run = tmp_path / name
+        (run / "w.verify").mkdir(parents=True)
+        (run / "stages.json").write_text(json.dumps({"schema": "duplexcadence.stages/1", "options": {"device": "cuda"},
+                                                    "stages": {"w.verify": {"workload": "w", "harness": "verify",
+                                                                            "status": "done"}}}))
+        (run / "w.verify" / "run.json").write_text(json.dumps({"modes": {"stock": {"units": [
+            {"index": 3, "sha256_f32": sha, "sha256_pcm16": "p"}, {"index": 4, "sha256_f32": None}]}}}))
+        return str(run)
+    a, b, c = folder("a", "x"), folder("b", "x"), folder("c", "y")
+    assert same_bytes.main([a, b]) == 0 and "w.verify: 1 units, 0 differ" in capsys.readouterr().out
+    assert same_bytes.main([a, c]) == 1 and "1 differ: [('stock', 3)]" in capsys.readouterr().out
+    assert same_bytes.main([a, str(tmp_path / "nowhere")]) == 2

@@ -1,12 +1,9 @@
-"""The live duplex harness (issue 7): cadence scheduler, AR stages, suite.duplex on a reduced Moshi.
-
-CPU tests drive the scheduler with an injectable clock (misses and lateness are exact), and run the real
-Mimi adapter (reduced depth) on a tiny script of 2-frame units: two concurrent sessions give the bytes of
-the same session run alone. GPU tests skip on the CPU with the reason.
-"""
+"""The duplex harness: the cadence scheduler, AR stages, duplex records (their unit table), and
+suite.measure.duplex on the fake adapter of tests/fakes.py (session protocol): concurrent sessions give the
+bytes of each alone, admission, graphs prepared for the voice or (oracle) from the script, the tail lock for
+sessions that are not concurrent, warm-up by turn_state, the CLI. GPU tests skip on the CPU with the reason."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import threading
@@ -14,9 +11,12 @@ import threading
 import pytest
 import torch
 
-from duplexcadence import scheduler
-from duplexcadence.scheduler import AdmissionError, CadenceScheduler, ScheduleError, Slot
-from suite import ar_stage, duplex, duplex_session
+import fakes
+import workloads
+from suite import records
+from suite.measure import ar_stage, duplex, duplex_session, scheduler
+from suite.measure.scheduler import AdmissionError, CadenceScheduler, ScheduleError, Slot
+from suite.records import max_zero_miss
 
 PERIOD = 1.0
 
@@ -213,130 +213,256 @@ def test_standin_generates_26_tokens_reduced():
 
 
 def test_parse_sessions():
-    assert duplex.parse_sessions("4,1,2,2") == [1, 2, 4]
+    assert duplex_session.parse_sessions("4,1,2,2") == [1, 2, 4]
     with pytest.raises(ValueError, match="--sessions"):
-        duplex.parse_sessions("1,x")
+        duplex_session.parse_sessions("1,x")
     with pytest.raises(ValueError, match="--sessions"):
-        duplex.parse_sessions("0")
+        duplex_session.parse_sessions("0")
 
 
 def test_max_zero_miss_stops_at_the_first_miss_or_refusal():
     runs = [{"sessions": n, "metrics": {"misses": m}} for n, m in ((1, 0), (2, 0), (4, 3), (8, 0))]
-    assert duplex.max_zero_miss(runs) == 2
-    assert duplex.max_zero_miss(runs[:2] + [{"sessions": 4, "refused": "x", "metrics": {}}]) == 2
-    assert duplex.max_zero_miss([{"sessions": 1, "metrics": {"misses": 1}}]) is None
+    assert max_zero_miss(runs) == 2
+    assert max_zero_miss(runs[:2] + [{"sessions": 4, "refused": "x", "metrics": {}}]) == 2
+    assert max_zero_miss([{"sessions": 1, "metrics": {"misses": 1}}]) is None
 
 
 def test_bisection_finds_the_exact_largest_zero_miss_count():
     capacity = 11                                  # a device where 11 sessions fit and 12 miss
     runs = [{"sessions": n, "metrics": {"misses": int(n > capacity)}} for n in (1, 8, 16)]
     tried = []
-    while (n := duplex.next_bisect(runs)) is not None:
+    while (n := duplex_session.next_bisect(runs)) is not None:
         tried.append(n)
         runs.append({"sessions": n, "metrics": {"misses": int(n > capacity)}})
-    assert tried == [12, 10, 11] and duplex.max_zero_miss(runs) == 11
-    assert duplex.next_bisect([{"sessions": 1, "metrics": {"misses": 2}}]) is None
+    assert tried == [12, 10, 11] and max_zero_miss(runs) == 11
+    assert duplex_session.next_bisect([{"sessions": 1, "metrics": {"misses": 2}}]) is None
 
 
-# --- the real Mimi adapter (reduced) on a tiny script -------------------------------------------------------
-def _with_script(tmp_path, workload: str, rows: list[dict]):
-    """The named workload with its session script replaced by `rows` (written as JSONL under tmp_path)."""
-    import workloads
-    path = tmp_path / f"tiny_{workload}.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return dataclasses.replace(workloads.get(workload), script=path)
+# --- duplex records: the unit table -------------------------------------------------------------------------
+WL = "wl_a"
 
 
-def _tiny_moshi(tmp_path, frames=1):
-    """The moshi workload on a 3-unit script (SPEAK, SPEAK final, LISTEN) of `frames` frames per unit
-    (reduced Mimi takes about a second per frame on a busy 2-core CPU)."""
-    import random
-
-    rng = random.Random(5)
-    rows = []
-    for i, (kind, turn, final) in enumerate((("SPEAK", 0, False), ("SPEAK", 0, True), ("LISTEN", None, False))):
-        codes = [[rng.randrange(2048) for _ in range(frames)] for _ in range(8)]
-        rows.append({"unit": i, "t_start_s": float(i), "kind": kind, "turn": turn, "final": final,
-                     "codes": codes})
-    return _with_script(tmp_path, "moshi", rows)
+def units(hashes: list[str], session: int = 0) -> list[dict]:
+    return [{"session": session, "index": i, "kind": "SPEAK", "miss": False,
+             "sha256_f32": f"{h}-f32", "sha256_pcm16": f"{h}-pcm16"} for i, h in enumerate(hashes)]
 
 
-@pytest.fixture(scope="module")
-def mimi_model():
-    from duplexcadence import runtime
-    adapter = runtime.adapter("mimi")
-    return adapter, adapter.build_model({}, device="cpu", depth="reduced", seed=0)
+def part(mode: str, hashes=("u0", "u1", "u2"), *, period_s=1.0, verdict="VALID", reasons=(), wl_reasons=()):
+    """A finished (or PARTIAL) duplex record of one mode: a one-session run and a two-session run."""
+    solo = units(list(hashes))
+    runs = [{"mode": mode, "sessions": 1, "metrics": {"misses": 0, "units_run": 3}, "units": solo},
+            {"mode": mode, "sessions": 2, "metrics": {"misses": 0, "units_run": 6},
+             "units": solo + units(list(hashes), session=1)}]
+    return {"schema": records.DUPLEX_SCHEMA, "provenance": {"host": f"gpu-{mode}"},
+            "parameters": {"period_s": period_s, "ar": "none", "seconds": 60.0, "modes": [mode],
+                           "sessions": {mode: [1, 2]}, "policy": {mode: "edf" if mode == "stock" else "threads"}},
+            "workloads": {WL: {"workload": WL, "architecture": "flow_hift",
+                               "modes": {mode: {"runs": runs, "max_zero_miss_sessions": 2}},
+                               "reference": {mode: {"0": len(hashes)}}, "invalid_reasons": list(wl_reasons)}},
+            "verdict": verdict, "invalid_reasons": list(reasons)}
 
 
-def _run(wl, mimi_model, mode, n, variants, clock=None, budget=None, seconds=2, policy="edf"):
-    adapter, model = mimi_model
-    return duplex.run_sessions(wl, mode, n, model=model, adapter=adapter, spec={}, ar=ar_stage.NoAR(),
+def test_unit_table_gives_the_rows_back_and_stores_each_hash_once():
+    """Each run's units as one table: keys once per run, each distinct sha256 once per record (a session of a
+    multi-session run repeats its one-session run's hashes). Unpacking gives the rows back; a key a row
+    lacked reads null."""
+    rec = part("cadence")
+    rec["workloads"][WL]["modes"]["cadence"]["runs"][0]["units"].append(
+        {"session": 0, "index": 3, "kind": "LISTEN", "miss": False})              # no hashes on a LISTEN unit
+    packed = records.pack_units(rec)
+    assert packed is not rec and rec["workloads"][WL]["modes"]["cadence"]["runs"][0]["units"][0]["sha256_f32"]
+    assert sorted(packed["unit_hashes"]) == sorted({f"u{i}-{k}" for i in range(3) for k in ("f32", "pcm16")})
+    table = packed["workloads"][WL]["modes"]["cadence"]["runs"][1]["units"]
+    assert table["columns"][:2] == ["session", "index"] and set(table["interned"]) == set(records.INTERNED_COLUMNS)
+    assert len(json.dumps(packed)) < len(json.dumps(rec))
+    back = records.unpack_units(json.loads(json.dumps(packed)))
+    assert "unit_hashes" not in back
+    expect = json.loads(json.dumps(rec))
+    expect["workloads"][WL]["modes"]["cadence"]["runs"][0]["units"][3].update(sha256_f32=None, sha256_pcm16=None)
+    assert back == expect
+    assert records.unpack_units(json.loads(json.dumps(rec))) == rec           # a list (older records) is kept
+    assert records.pack_units(packed) == packed                               # a table is kept
+
+
+def _set_hash(t: dict, value) -> None:
+    t["rows"][0][t["columns"].index("sha256_f32")] = value
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda t: t["rows"][0].pop(), "one value per column"),
+    (lambda t: t.update(rows={}), "one value per column"),
+    (lambda t: _set_hash(t, 99), "position in unit_hashes"),
+    (lambda t: _set_hash(t, "u0-f32"), "position in unit_hashes"),
+    (lambda t: _set_hash(t, True), "position in unit_hashes"),           # a bool is no position
+    (lambda t: t.pop("interned"), "'interned'"),
+    (lambda t: t.update(interned="sha256_f32"), "'interned'"),
+    (lambda t: t.update(interned=["index"]), "'interned'"),
+    (lambda t: t["columns"].__setitem__(1, "session"), "distinct strings"),
+    (lambda t: t.update(columns="session"), "distinct strings"),
+])
+def test_a_mis_shaped_unit_table_is_an_error_naming_the_run(mutate, match):
+    packed = records.pack_units(part("stock"))
+    mutate(packed["workloads"][WL]["modes"]["stock"]["runs"][1]["units"])
+    with pytest.raises(ValueError, match=match) as exc:
+        records.unpack_units(json.loads(json.dumps(packed)))
+    assert "run N=2 stock" in str(exc.value)
+
+
+@pytest.mark.parametrize("hashes", ["abc", {"0": "x"}, 3, [1, 2]])
+def test_unit_hashes_that_are_not_a_list_of_strings_are_an_error(hashes):
+    packed = {**records.pack_units(part("stock")), "unit_hashes": hashes}
+    with pytest.raises(ValueError, match="'unit_hashes': expected a list of sha256 strings"):
+        records.unpack_units(json.loads(json.dumps(packed)))
+
+
+
+
+# --- the harness on the fake adapter ------------------------------------------------------------------------
+@pytest.fixture
+def fake(monkeypatch):
+    return fakes.register(monkeypatch)
+
+
+def _model(fake, **spec):
+    return fake.build_model(spec, device="cpu", depth="reduced", seed=0)
+
+
+def _run(wl, fake, mode, n, *, model=None, variants=1, seconds=8, policy="edf", clock=None, budget=None,
+         prepare="voice", pool=None):
+    model = model or _model(fake, **wl.spec)
+    return duplex.run_sessions(wl, mode, n, model=model, adapter=fake, spec=wl.spec, ar=ar_stage.NoAR(),
                                device="cpu", seconds=seconds, variants=variants, clock=clock, policy=policy,
-                               budget_bytes=budget, progress=False)
+                               budget_bytes=budget, progress=False, prepare=prepare, pool=pool)
 
 
 @pytest.mark.parametrize("mode, policy", [("cadence", "edf"), ("stock", "edf"), ("cadence", "threads")])
-def test_concurrent_sessions_give_the_bytes_of_each_session_alone(tmp_path, mimi_model, mode, policy):
-    wl = _tiny_moshi(tmp_path)
-    refs = {v: duplex.session_hashes(duplex._solo_variant(wl, mode, v, mimi_model[1], mimi_model[0], {},
-                                                          ar_stage.NoAR(), "cpu", 2))[0] for v in range(2)}
+def test_concurrent_sessions_give_the_bytes_of_each_session_alone(tmp_path, fake, mode, policy):
+    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
+    model, seconds = _model(fake), 8 if policy == "edf" else 3
+    refs = {v: duplex.session_hashes(duplex.solo_variant(wl, mode, v, model, fake, {}, ar_stage.NoAR(), "cpu", seconds,
+                                                         clock=FakeClock()))[0] for v in range(2)}
     assert refs[0] != refs[1]                       # the variants really carry different data
-    run = _run(wl, mimi_model, mode, 2, variants=2, clock=FakeClock() if policy == "edf" else None,
-               policy=policy)
+    run = _run(wl, fake, mode, 2, model=model, variants=2, clock=FakeClock() if policy == "edf" else None,
+               policy=policy, seconds=seconds)
     assert duplex.check_against_reference(run, refs, 2) == []
     assert len(duplex.session_hashes(run)) == 2 and [a["phase_s"] for a in run["admission"]] == [0, 0.5]
-    # negative control: a session whose bytes differ is reported, with the unit
-    bad = json.loads(json.dumps(run))
+    bad = json.loads(json.dumps(run))               # negative control: a session whose bytes differ
     u = next(u for u in bad["units"] if u["session"] == 1 and u["index"] == 1)
     assert u["kind"] == "SPEAK"
     u["sha256_f32"] = "0" * 64
     assert duplex.check_against_reference(bad, refs, 2) == [
         f"{mode} N=2 session 1: unit 1 differs from the same session run alone"]
+    assert model["open"] == []                      # every session closed (pooled or not)
 
 
-def test_run_records_speak_time_misses_and_admission(tmp_path, mimi_model):
-    wl = _tiny_moshi(tmp_path)
-    run = _run(wl, mimi_model, "cadence", 2, variants=1, seconds=3)
+def test_run_records_speak_time_misses_admission_and_the_cadence_counters(tmp_path, fake):
+    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
+    run = _run(wl, fake, "cadence", 2, clock=FakeClock())
     m = run["metrics"]
-    assert m["units_run"] == 6 and m["speak_units"] == 4
-    for u in run["units"]:
+    assert m["units_run"] == 12 and m["speak_units"] == 12 and m["misses"] == 0
+    for u in (u for u in run["units"] if u["start_ms"] is not None):
         assert u["lateness_ms"] == pytest.approx(u["end_ms"] - u["deadline_ms"])
-        assert u["miss"] == (u["end_ms"] > u["deadline_ms"])
         assert (u["speak_ms"] is None) == (u["kind"] != "SPEAK")
     assert m["speak_frac_mean"] == pytest.approx(m["speak_ms_mean"] / 1000)
-    assert all(a["footprint_how"].startswith("arena_bytes_reserved") and a["footprint_bytes"] > 0
-               for a in run["admission"])
-    need = run["admission"][0]["footprint_bytes"]
+    a = run["admission"][0]
+    assert a["footprint_how"].startswith("arena_bytes_reserved 4096 + graph_bytes 3072 + other session tensors")
+    assert a["prepared"]["voice"]["captures"] == len(fakes.VOICE) and a["prepared"]["oracle"] is None
+    # the cadence replays what the voice prepared; the turns' final 10-token units were not: eager, counted
+    assert run["captures_during_cadence"] == 0 and run["eager_fallbacks_during_cadence"] == 4
+    assert [c["replays"] for c in run["cadence_counters"]] == [4, 4]
     with pytest.raises(AdmissionError, match="session 1"):
-        _run(wl, mimi_model, "cadence", 2, variants=1, budget=need + need // 2)
+        _run(wl, fake, "cadence", 2, clock=FakeClock(), budget=a["footprint_bytes"] * 3 // 2)
 
 
-def test_cli_end_to_end_writes_json_and_plots(tmp_path, mimi_model, monkeypatch):
-    wl = _tiny_moshi(tmp_path)
-    import workloads
+def test_oracle_graphs_come_from_the_sessions_own_script_and_are_labelled(tmp_path, fake):
+    """With --prepare oracle a session's graphs also cover what its script will meet (a copy of its clocks
+    walked over the units): nothing runs eagerly during the cadence. The record says so."""
+    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
+    run = _run(wl, fake, "cadence", 1, clock=FakeClock(), prepare="oracle")
+    assert run["prepare"] == "oracle" and run["admission"][0]["prepared"]["oracle"]["captures"] > 0
+    assert run["eager_fallbacks_during_cadence"] == 0 and run["captures_during_cadence"] == 0
+    voice = _run(wl, fake, "cadence", 1, clock=FakeClock())
+    assert voice["prepare"] == "voice" and voice["eager_fallbacks_during_cadence"] > 0
+    assert duplex.session_hashes(voice) == duplex.session_hashes(run)     # the bytes do not depend on it
+    stock = _run(wl, fake, "stock", 1, clock=FakeClock(), prepare="oracle")
+    assert stock["prepare"] is None                # stock captures nothing: never labelled
+
+
+def test_sessions_that_are_not_concurrent_hold_the_model_lock_under_threads(tmp_path, fake):
+    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0, session="carried")
+    run = _run(wl, fake, "cadence", 2, seconds=3, policy="threads")
+    assert [a["tail_lock"] for a in run["admission"]] == [True, True]
+    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0)
+    run = _run(wl, fake, "cadence", 2, seconds=3, policy="threads")
+    assert [a["tail_lock"] for a in run["admission"]] == [False, False]
+
+
+def test_a_session_refused_on_a_shared_instance_gets_its_own_copy(tmp_path, fake):
+    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0, exclusive=True)
+    model = _model(fake, **wl.spec)
+    run = _run(wl, fake, "stock", 2, model=model, seconds=3, clock=FakeClock())
+    hows = [a["footprint_how"] for a in run["admission"]]
+    assert hows == ["session tensors (shared model excluded)", "model instance + session tensors"]
+    ref = duplex.session_hashes(run)
+    assert ref[0] == ref[1]
+
+
+def test_warm_up_follows_what_a_turn_does_to_the_state(tmp_path, fake):
+    """A "reset" session gets a warm-up turn (its next start_turn undoes it); a "carried" one none: a unit
+    would change what it carries."""
+    for kind, warm_turns in (("reset", 1), ("carried", 0)):
+        wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=0, session=kind)
+        run = _run(wl, fake, "cadence", 1, seconds=6, clock=FakeClock())
+        assert run["session_stats"][0]["detail"]["turns"] == warm_turns + 2, kind
+
+
+def test_a_warm_up_that_raises_closes_the_session_it_built(tmp_path, fake, monkeypatch):
+    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0)
+    model = _model(fake)
+
+    def boom(self, units, body=duplex_session.WARMUP_TURN_UNITS):
+        raise RuntimeError("warm-up failed")
+    monkeypatch.setattr(duplex_session.Driver, "warm_up", boom)
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        _run(wl, fake, "cadence", 1, model=model, seconds=3)
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        duplex.solo_variant(wl, "cadence", 0, model, fake, {}, ar_stage.NoAR(), "cpu", 3, clock=FakeClock())
+    assert model["open"] == []
+
+
+def test_progress_lines_count_the_units_done(tmp_path, fake, monkeypatch, capsys):
+    monkeypatch.setattr(duplex_session, "PROGRESS_S", 0.0)
+    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0)
+    model = _model(fake)
+    duplex.run_sessions(wl, "cadence", 1, model=model, adapter=fake, spec={}, ar=ar_stage.NoAR(), device="cpu",
+                        seconds=3, clock=FakeClock(), progress=True)
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if "units done" in line]
+    assert lines[-1] == "fake cadence N=1: 3/3 units done, 0 of 3 s, 0 missed"
+
+
+def test_cli_end_to_end_writes_a_compact_record(tmp_path, fake, monkeypatch, capsys):
+    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
     monkeypatch.setattr(workloads, "get", lambda name: wl)
-    monkeypatch.setattr(mimi_model[0], "build_model", lambda *a, **k: mimi_model[1])   # built once
+    monkeypatch.setattr(workloads, "names", lambda: ["fake"])
     out = tmp_path / "out"
-    rc = duplex.main(["--workload", "moshi", "--device", "cpu", "--depth", "reduced", "--ar", "busy:1ms",
-                      "--sessions", "1", "--seconds", "2", "--out", str(out), "--quiet"])
+    rc = duplex.main(["--workload", "fake", "--device", "cpu", "--ar", "busy:1ms", "--sessions", "1,2",
+                      "--seconds", "4", "--out", str(out)])
     text = (out / "duplex.json").read_text()
     rec = json.loads(text)
-    assert "\n" not in text                   # compact (one line): its rows per unit made an indented one 4.3 MB
-    runs = rec["workloads"]["moshi"]["modes"]["cadence"]["runs"]
-    assert isinstance(runs[0]["units"], dict) and rec["unit_hashes"]      # one table per run, hashes once
-    rows = duplex.read_record(out / "duplex.json")["workloads"]["moshi"]["modes"]["cadence"]["runs"][0]["units"]
+    assert "\n" not in text and rec["schema"] == records.DUPLEX_SCHEMA
+    runs = rec["workloads"]["fake"]["modes"]["cadence"]["runs"]
+    assert isinstance(runs[0]["units"], dict) and rec["unit_hashes"]       # one table per run, hashes once
+    rows = records.read_duplex(out / "duplex.json")["workloads"]["fake"]["modes"]["cadence"]["runs"][0]["units"]
     speak = [u for u in rows if u["kind"] == "SPEAK" and u["start_ms"] is not None]
     assert speak and all(len(u["sha256_f32"]) == 64 and len(u["sha256_pcm16"]) == 64 for u in speak)
-    assert rc == 1 and rec["verdict"] == "INVALID"           # 2 s < 60 s (and maybe a dirty tree)
+    assert rc == duplex.EXIT_INVALID and rec["verdict"] == "INVALID"      # 4 s < 60 s (and maybe a dirty tree)
     assert any("< 60 s" in r for r in rec["invalid_reasons"])
-    w = rec["workloads"]["moshi"]
-    assert w["cadence_equals_stock"] is True
-    assert w["modes"]["stock"]["stock_sharing"] == "shared_instance"
-    assert {p.name for p in out.iterdir()} >= {"duplex.json", "moshi_speak.png", "moshi_miss_rate.png"}
-    assert rec["provenance"]["git_rev"] and rec["parameters"]["ar"] == "busy:1ms"
-    # Moshi sessions cannot warm themselves up: a throwaway session ran first, per mode
+    w = rec["workloads"]["fake"]
     assert {m: v["units"] for m, v in w["process_warm_up"].items()} == {"stock": 3, "cadence": 3}
-    assert rec["parameters"]["policy"] == {"stock": "edf", "cadence": "edf"}
+    assert rec["parameters"]["policy"] == {"stock": "edf", "cadence": "edf"} and rec["parameters"]["prepare"] == "voice"
+    assert sorted(p.name for p in out.iterdir()) == ["duplex.json"]       # plots are the report's
+    printed = capsys.readouterr().out
+    assert "fake cadence: max sessions with zero misses = 2" in printed and "N=  2" in printed
 
 
 def test_cli_bad_ar_is_a_clear_error(tmp_path):
@@ -360,7 +486,43 @@ def test_cli_cuda_without_cuda_exits_2_naming_the_flag(tmp_path, capsys):
         duplex.main(["--device", "cuda", "--out", str(tmp_path / "out")])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("python -m suite.duplex: error: --device")
+    assert len(err) == 1 and err[0].startswith("python -m suite.measure.duplex: error: --device")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--seconds", "nan"], "--seconds"),
+    (["--workload", "nosuch"], "--workload"),
+    (["--steps", "0"], "--steps"),
+    (["--device", "tpu"], "--device"),
+    (["--budget-mib", "-1"], "--budget-mib"),
+    (["--after-miss", "-1"], "--after-miss"),
+    (["--stock-sessions", "x"], "--stock-sessions"),
+    (["--modes", "bogus"], "--modes"),
+    (["--modes", "stock,stock"], "--modes"),
+    (["--stock-policy", "bogus"], "--stock-policy"),
+    (["--policy", "bogus"], "--policy"),
+    (["--prepare", "script"], "--prepare"),
+    (["--seconds", "abc"], "--seconds"),
+])
+def test_cli_bad_flag_exits_2_naming_the_flag_before_any_work(tmp_path, capsys, flags, match):
+    with pytest.raises(SystemExit, match=match) as exc:
+        duplex.main([*flags, "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seconds", ["1", "3"])
+def test_cli_seconds_before_the_first_speak_unit_exits_2_before_any_work(tmp_path, capsys, seconds):
+    # minicpmo45's script opens with 3 LISTEN units: a window without a SPEAK unit would measure nothing
+    with pytest.raises(SystemExit, match="--seconds") as exc:
+        duplex.main(["--workload", "minicpmo45", "--seconds", seconds, "--sessions", "1", "--depth", "reduced",
+                     "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--seconds" in err[0] and "SPEAK" in err[0]
     assert not (tmp_path / "out").exists()
 
 
@@ -376,155 +538,15 @@ def test_busy_ar_on_cuda_occupies_the_stream():
     assert 15 <= start.elapsed_time(end) <= 40
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: one stream per session, graph replay")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: one stream per session, device timing")
 @pytest.mark.parametrize("policy", ["edf", "threads"])
-def test_cuda_sessions_on_streams_give_the_bytes_of_each_session_alone(tmp_path, policy):
-    from duplexcadence import runtime
-    adapter = runtime.adapter("mimi")
-    model = adapter.build_model({}, device="cuda", depth="reduced", seed=0)
-    wl = _tiny_moshi(tmp_path, frames=12)
-    refs = {v: duplex.session_hashes(duplex._solo_variant(wl, "cadence", v, model, adapter, {}, ar_stage.NoAR(),
-                                                          "cuda", 3))[0] for v in range(2)}
-    run = duplex.run_sessions(wl, "cadence", 4, model=model, adapter=adapter, spec={},
-                              ar=ar_stage.make_ar("busy:5ms", "moshi", "cuda"), device="cuda", seconds=3,
+def test_cuda_sessions_on_streams_give_the_bytes_of_each_session_alone(tmp_path, fake, policy):
+    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
+    model = fake.build_model({}, device="cuda", depth="reduced", seed=0)
+    refs = {v: duplex.session_hashes(duplex.solo_variant(wl, "cadence", v, model, fake, {}, ar_stage.NoAR(), "cuda",
+                                                         4, clock=FakeClock()))[0] for v in range(2)}
+    run = duplex.run_sessions(wl, "cadence", 4, model=model, adapter=fake, spec={},
+                              ar=ar_stage.make_ar("busy:5ms", "fake", "cuda"), device="cuda", seconds=4,
                               policy=policy, variants=2, progress=False)
     assert duplex.check_against_reference(run, refs, 2) == []
     assert all(u["device_ms"] is not None for u in run["units"] if u["start_ms"] is not None)
-
-
-@pytest.mark.parametrize("flags,match", [
-    (["--seconds", "nan"], "--seconds"),
-    (["--workload", "nosuch"], "--workload"),
-    (["--steps", "0"], "--steps"),
-    (["--device", "tpu"], "--device"),
-    (["--budget-mib", "-1"], "--budget-mib"),
-    (["--after-miss", "-1"], "--after-miss"),
-    (["--stock-sessions", "x"], "--stock-sessions"),
-    (["--modes", "bogus"], "--modes"),
-    (["--modes", "stock,stock"], "--modes"),
-    (["--stock-policy", "bogus"], "--stock-policy"),
-    (["--policy", "bogus"], "--policy"),
-    (["--seconds", "abc"], "--seconds"),
-])
-def test_cli_bad_flag_exits_2_naming_the_flag_before_any_work(tmp_path, capsys, flags, match):
-    with pytest.raises(SystemExit, match=match) as exc:
-        duplex.main([*flags, "--out", str(tmp_path / "out")])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and match in err[0] and "Traceback" not in err[0]
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("seconds", ["1", "3"])
-def test_cli_seconds_before_the_first_speak_unit_exits_2_before_any_work(tmp_path, capsys, seconds):
-    # minicpmo45's script opens with 3 LISTEN units: a window without a SPEAK unit measured nothing and then
-    # crashed (KeyError: 0, looking for the one-session reference) after building and running the model
-    with pytest.raises(SystemExit, match="--seconds") as exc:
-        duplex.main(["--workload", "minicpmo45", "--seconds", seconds, "--sessions", "1", "--depth", "reduced",
-                     "--out", str(tmp_path / "out")])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--seconds" in err[0] and "SPEAK" in err[0]
-    assert not (tmp_path / "out").exists()
-
-
-# --- Step-Audio 2: sessions that draw from the process's default generators --------------------------------
-def _tiny_stepaudio2(tmp_path):
-    """The stepaudio2_mini workload on a 3-unit script (SPEAK 16 tokens, SPEAK 16, SPEAK final empty)."""
-    import random
-
-    rng = random.Random(7)
-    rows = [{"unit": i, "t_start_s": float(i), "kind": "SPEAK", "turn": 0, "final": i == 2,
-             "tokens": [] if i == 2 else [rng.randrange(6561) for _ in range(16)]} for i in range(3)]
-    return _with_script(tmp_path, "stepaudio2_mini", rows)
-
-
-@pytest.fixture(scope="module")
-def sa2_model():
-    import workloads
-    from duplexcadence import runtime
-    from suite.runner import make_spec
-    wl = workloads.get("stepaudio2_mini")
-    adapter = runtime.adapter(wl.architecture)
-    spec = make_spec(wl, steps=2)          # 2 Euler steps: the generator draws are the HiFT's either way
-    return adapter, adapter.build_model(spec, device="cpu", depth="reduced", seed=0), spec
-
-
-@pytest.mark.parametrize("mode", ["stock", "cadence"])
-def test_sessions_drawing_the_default_generator_each_give_their_bytes_alone(tmp_path, sa2_model, mode,
-                                                                             monkeypatch):
-    """Step-Audio 2's HiFT draws noise from the process's default generators: two sessions in one process
-    give the bytes of each alone only because each Driver keeps its own generator state; without it
-    (negative control) the second session's noise stream continues the first's and its bytes differ."""
-    adapter, model, spec = sa2_model
-    wl = _tiny_stepaudio2(tmp_path)
-    refs = {v: duplex.session_hashes(duplex._solo_variant(wl, mode, v, model, adapter, spec, ar_stage.NoAR(),
-                                                          "cpu", 3))[0] for v in range(2)}
-    assert refs[0] != refs[1]
-    run = duplex.run_sessions(wl, mode, 2, model=model, adapter=adapter, spec=spec, ar=ar_stage.NoAR(),
-                              device="cpu", seconds=3, variants=2, clock=FakeClock(), progress=False)
-    assert all(a["footprint_bytes"] >= 0 for a in run["admission"])
-    # DuplexCadence sessions rehearsed their script's turns before the cadence (and restored their state)
-    assert [bool(a["rehearsed"] and a["rehearsed"]["turns"] == [[16, 16, 0]]) for a in run["admission"]] == \
-        [mode == "cadence"] * 2
-    assert duplex.check_against_reference(run, refs, 2) == []
-    monkeypatch.setattr(duplex_session.Driver, "_own_generators", lambda self: contextlib.nullcontext())
-    shared = duplex.run_sessions(wl, mode, 2, model=model, adapter=adapter, spec=spec, ar=ar_stage.NoAR(),
-                                 device="cpu", seconds=3, variants=2, clock=FakeClock(), progress=False)
-    assert duplex.check_against_reference(shared, refs, 2) != []
-
-
-def test_threads_policy_is_refused_for_sessions_drawing_the_default_generator(tmp_path, sa2_model, monkeypatch):
-    adapter, model, spec = sa2_model
-    released = []
-    monkeypatch.setattr(duplex, "release", lambda session: released.append(session))
-    with pytest.raises(ValueError, match="policy: 'threads' needs sessions that draw no noise"):
-        duplex.run_sessions(_tiny_stepaudio2(tmp_path), "stock", 1, model=model, adapter=adapter, spec=spec,
-                            ar=ar_stage.NoAR(), device="cpu", seconds=3, policy="threads", progress=False)
-    assert len(released) == 1 and getattr(released[0], "draws_default_generator", False)   # the session built
-
-
-def test_a_warm_up_that_raises_releases_the_session_it_built(tmp_path, sa2_model, monkeypatch):
-    """A warm-up (rehearsal) that fails, e.g. out of memory or a ClockError, gives back the session it was
-    warming: run_sessions has not pooled it yet, and `_solo_variant` releases however its run ends."""
-    adapter, model, spec = sa2_model
-    released = []
-    monkeypatch.setattr(duplex, "release", lambda session: released.append(session))
-
-    def boom(self, units, body=duplex_session.WARMUP_TURN_UNITS):
-        raise RuntimeError("warm-up failed")
-
-    monkeypatch.setattr(duplex_session.Driver, "warm_up", boom)
-    wl = _tiny_stepaudio2(tmp_path)
-    with pytest.raises(RuntimeError, match="warm-up failed"):
-        duplex.run_sessions(wl, "cadence", 1, model=model, adapter=adapter, spec=spec, ar=ar_stage.NoAR(),
-                            device="cpu", seconds=3, progress=False)
-    assert len(released) == 1
-    with pytest.raises(RuntimeError, match="warm-up failed"):
-        duplex._solo_variant(wl, "cadence", 0, model, adapter, spec, ar_stage.NoAR(), "cpu", 3)
-    assert len(released) == 2 and released[0] is not released[1]
-
-
-def test_every_session_class_declares_what_a_turn_does_to_its_state():
-    """The harness warms a session by what its class declares (`turn_state`), not by its module's name:
-    each adapter's stock and DuplexCadence sessions declare the same, and a session declaring nothing is
-    refused (TypeError) rather than warmed the wrong way."""
-    from duplexcadence.adapters import (code2wav, flow_hift, flow_hift_cadence, mimi, mimi_cadence, stepaudio2,
-                                        stepaudio2_cadence)
-    declared = {(m.__name__.rsplit(".", 1)[1], c.turn_state) for m, c in (
-        (code2wav, code2wav.StockSession), (code2wav, code2wav.CadenceSession),
-        (flow_hift, flow_hift.StockSession), (flow_hift_cadence, flow_hift_cadence.CadenceSession),
-        (mimi, mimi.StockSession), (mimi_cadence, mimi_cadence.CadenceSession),
-        (stepaudio2, stepaudio2.StockSession), (stepaudio2_cadence, stepaudio2_cadence.CadenceSession))}
-    assert declared == {("code2wav", "reset"), ("flow_hift", "reset"), ("flow_hift_cadence", "reset"),
-                        ("mimi", "stream"), ("mimi_cadence", "stream"), ("stepaudio2", "carried"),
-                        ("stepaudio2_cadence", "carried")}
-
-    class Undeclared:
-        pass
-
-    with pytest.raises(TypeError, match="turn_state"):
-        duplex_session.turn_state(Undeclared())
-    assert duplex_session._caches_carry_over(stepaudio2_cadence.CadenceSession.__new__(
-        stepaudio2_cadence.CadenceSession))
-    assert not duplex_session._turn_based(mimi.StockSession.__new__(mimi.StockSession))

@@ -1,20 +1,13 @@
 """What the SPEAK-unit benchmarks share: a warm session per process, timed one steady unit at a time.
 
-asv (asv_runner 0.3) runs every benchmark method, for every parameter combination, in a process of its
-own, and calls `setup` once before a `track_` method and again before every timing sample of a `time_`
-method. Building a model takes seconds (CPU, reduced depth) to tens of seconds (CUDA, released depth), so
-the first `setup` of a process builds the model, opens one session and runs the warm-up units; the
-session stays in `_WARM` and later `setup` calls for the same combination reuse it. That is sound because
-the timed unit is a *steady* unit: it leaves every region length as it found it, which `check_steady`
-proves from the adapter's own schedule before anything is timed. So every sample times the same shape
-signature (on CUDA, the replay of a graph captured during the warm-up), whatever ran before it.
-
-Warm-up (from the workload's session script, workloads/data/sessions/*.jsonl): the longest turn's first
-`WARMUP_UNITS` SPEAK units (the first and ramp units), then once the steady payload: the turn's first
-non-final unit with the largest payload (25 speech tokens for flow_hift, 13 codec frames for mimi and
-code2wav). The timed unit speaks that payload again, `final=False`, so the turn never closes.
-
-Nothing here measures time (asv does); the memory figures come from `suite.memory.MemoryProbe`.
+asv runs every benchmark method of every combination in a process of its own and calls `setup` before a
+`track_` method and before every timing sample of a `time_` one. The first `setup` of a process builds the
+model, opens a session, prepares it (`prepare(None)`, then the steady unit's signatures) and runs the
+warm-up units; the session stays in `_WARM` for the later calls. That is sound because the timed unit is
+steady: it meets the signatures of the unit before it, which `check_steady` proves from a copy of the
+session's clocks before anything is timed, so every sample times the same signatures (on CUDA, replays).
+Warm-up: the longest turn's first WARMUP_UNITS SPEAK units, then its largest non-final payload (the steady
+one), which the timed unit speaks again (`final=False`: the turn never closes). asv does the timing.
 """
 from __future__ import annotations
 
@@ -22,20 +15,22 @@ import abc
 import contextlib
 import gc
 from dataclasses import dataclass, field
-from typing import Hashable
 
 import torch
 
 import workloads
 from duplexcadence import runtime
-from suite import env, memory, runner
+from suite.measure import env, memory
+from suite.measure.session import (WARMUP_SPEAK_UNITS, ModeUnavailable, make_spec, modes, open_session, payload_of,
+                                   select_units)
+from suite.records import headline
 
 MIB = 2**20
 #: Model depth per device. CPU: the reduced-depth configuration of the same stock classes (each adapter's
 #: REDUCED): a released-depth flow_hift unit takes tens of seconds on a 2-core CPU, past any useful asv
 #: budget. CUDA: the released configuration.
 DEPTH = {"cpu": "reduced", "cuda": "released"}
-WARMUP_UNITS = runner.WARMUP_SPEAK_UNITS    # the turn's first SPEAK units, before the steady payload
+WARMUP_UNITS = WARMUP_SPEAK_UNITS          # the turn's first SPEAK units, before the steady payload
 
 
 # --- the registry ----------------------------------------------------------------------------------
@@ -60,36 +55,39 @@ def turn_payloads(workload) -> tuple[list, object]:
 
     Raises ValueError if no turn has WARMUP_UNITS + 1 non-final SPEAK units."""
     turns: dict = {}
-    for unit in runner.select_units(workload):
+    for unit in select_units(workload):
         if unit.kind == "SPEAK":
             turns.setdefault(unit.turn, []).append(unit)
     body = [u for u in max(turns.values(), key=len, default=[]) if not u.final]
     if len(body) < WARMUP_UNITS + 1:
         raise ValueError(f"workload {workload.name!r}: script {workload.script}: longest turn has "
                          f"{len(body)} non-final SPEAK units, the benchmark needs {WARMUP_UNITS + 1}")
-    sizes = [runner.payload_of(u)[2] for u in body]
+    sizes = [payload_of(u)[2] for u in body]
     steady = body[sizes.index(max(sizes))]
-    return [runner.payload_of(u)[0] for u in body[:WARMUP_UNITS]], runner.payload_of(steady)[0]
+    return [payload_of(u)[0] for u in body[:WARMUP_UNITS]], payload_of(steady)[0]
 
 
-def check_steady(name: str, mode: str, plan: list[tuple[str, Hashable]]) -> None:
-    """plan: (phase, shape key) per unit of warm-up + steady + timed + next. The timed unit and the next
-    must be "steady" with the shape key of the warm-up's last unit, so no timed unit meets a new shape
-    (on CUDA: no capture). Raises RuntimeError naming the phases and keys otherwise."""
-    (_, k0), (p1, k1), (p2, k2) = plan[-3:]
-    if not (p1 == p2 == "steady" and k0 == k1 == k2):
-        raise RuntimeError(f"{name} {mode}: the timed unit is not steady after {len(plan) - 2} warm-up "
-                           f"units: (phase, key) of the last warm-up, timed and next unit: {plan[-3:]}; "
-                           f"a longer warm-up (WARMUP_UNITS) or a bounded region is needed")
+def unit_plan(session, payloads: list) -> list[tuple]:
+    """The step signatures of each of `payloads` spoken in order from a fresh turn (final=False), from a copy
+    of the session's clocks (nothing runs)."""
+    clocks = session.clocks()
+    clocks.start_turn()
+    return [tuple(clocks.unit(payload_size(p), False)) for p in payloads]
 
 
-def graph_counts(stats: dict) -> dict:
-    """GraphCache counters from `session.stats()`, wherever the adapter puts them (flow_hift: top level;
-    mimi, code2wav: under "graphs"), plus moshi's own graphs ("moshi_graphs_captured", stock_graphs).
-    A session without graphs (stock) counts 0 of each."""
-    g = stats.get("graphs") if isinstance(stats.get("graphs"), dict) else stats
-    return {"captures": int(g.get("captures", 0)) + int(stats.get("moshi_graphs_captured", 0)),
-            "eager_fallbacks": int(g.get("eager_fallbacks", 0))}
+def payload_size(payload) -> int:
+    """Tokens of a token payload, frames of a [codebooks][frames] one."""
+    return len(payload[0]) if payload and isinstance(payload[0], (list, tuple)) else len(payload)
+
+
+def check_steady(name: str, mode: str, plan: list[tuple]) -> None:
+    """plan: the signatures per unit of warm-up + steady + timed + next. The timed unit and the next must meet
+    the signatures of the warm-up's last unit, so no timed unit meets a new one. Raises RuntimeError naming
+    them otherwise."""
+    if not plan[-3] == plan[-2] == plan[-1]:
+        raise RuntimeError(f"{name} {mode}: the timed unit is not steady after {len(plan) - 2} warm-up units: "
+                           f"signatures of the last warm-up, timed and next unit: {plan[-3:]}; a longer warm-up "
+                           f"(WARMUP_UNITS) or a bounded region is needed")
 
 
 # --- one warm session per process --------------------------------------------------------------------
@@ -113,9 +111,9 @@ class Warm:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def stats(self) -> dict:
-        stats = getattr(self.session, "stats", None)
-        return dict(stats()) if callable(stats) else {}
+    def stats(self):
+        """The session's SessionStats."""
+        return self.session.stats()
 
     def memory(self) -> dict:
         """MemoryProbe figures of the session so far (the probe's session ends at the first call)."""
@@ -124,9 +122,7 @@ class Warm:
         return self._memory
 
     def close(self) -> None:
-        close = getattr(self.session, "close", None)
-        if callable(close):
-            close()
+        self.session.close()
         self.flags.close()
         self.session = self.model = None
         gc.collect()
@@ -147,14 +143,9 @@ def drop_warm() -> None:
 
 # --- the benchmark base ------------------------------------------------------------------------------
 class SpeakUnit(abc.ABC):
-    """Steady SPEAK units of one decoder architecture (a subclass per family, bench_speak.py).
-
-    setup raises NotImplementedError (asv: skipped) for: device "cuda" without CUDA; Euler steps other than
-    the workload's own (each step count is its own registry workload); a mode the adapter does not declare
-    or cannot open; a workload variant the adapter does not implement (`adapter.VARIANTS`); family rules
-    (`skip_reason`). CPU runs the reduced-depth configuration (`DEPTH`).
-    track_ figures: 0 for a session without an arena or graphs (stock).
-    """
+    """Steady SPEAK units of one decoder architecture (a subclass per family, bench_speak.py). setup raises
+    NotImplementedError (asv: skipped) for CUDA without CUDA, Euler steps not the workload's own, a mode or
+    variant the adapter lacks, and the family's `skip_reason`."""
     ARCHITECTURE = ""
     timeout = 1200              # s per benchmark process, setup included (CPU flow_hift: ~2 min + ~40 s/unit)
     rounds = 1                  # one process per time_ benchmark: a build costs more than a round tells
@@ -165,11 +156,6 @@ class SpeakUnit(abc.ABC):
     @abc.abstractmethod
     def bind(self, *params) -> tuple:
         """(workload, mode, steps or None, device) from this class's parameters."""
-
-    @abc.abstractmethod
-    def unit_plan(self, adapter, model, session, spec: dict, payloads: list) -> list:
-        """(phase, shape key) of each unit of `payloads`, spoken in order from a fresh turn, from the
-        adapter's schedule alone (nothing runs)."""
 
     def skip_reason(self, workload, mode: str, device: torch.device) -> str | None:
         """A family's own reason to skip a combination, or None."""
@@ -183,23 +169,23 @@ class SpeakUnit(abc.ABC):
 
     def track_peak_mib(self, *params):
         """Peak memory over idle (model + session through the warm-up), MiB: driver level on CUDA, RSS on
-        CPU (suite.memory.headline)."""
-        return memory.headline(self.warm.memory())[1]
+        CPU (suite.records.headline)."""
+        return headline(self.warm.memory())[1]
     track_peak_mib.unit = "MiB"
 
     def track_arena_mib(self, *params):
         """Physical memory behind the session's arena (session.stats() arena_bytes_mapped), MiB."""
-        return self.warm.stats().get("arena_bytes_mapped", 0) / MIB
+        return self.warm.stats().arena_bytes_mapped / MIB
     track_arena_mib.unit = "MiB"
 
     def track_graphs_captured(self, *params):
         """CUDA graphs captured by the session (DuplexCadence's GraphCache, or moshi's own)."""
-        return graph_counts(self.warm.stats())["captures"]
+        return self.warm.stats().captures
     track_graphs_captured.unit = "graphs"
 
     def track_eager_fallbacks(self, *params):
         """Steps that ran eagerly after their graph was due (unseen signature, failed capture)."""
-        return graph_counts(self.warm.stats())["eager_fallbacks"]
+        return self.warm.stats().eager_fallbacks
     track_eager_fallbacks.unit = "steps"
 
 
@@ -218,9 +204,8 @@ def warm_session(bench: SpeakUnit, name: str, mode: str, steps: int | None, devi
         raise NotImplementedError(f"workload {name!r} runs {wl.euler_steps} Euler steps, not {steps}"
                                   + (f" ({steps} steps: workload {same[0]!r})" if same else ""))
     adapter = runtime.adapter(wl.architecture)
-    if mode not in runner.known_modes(adapter):
-        raise NotImplementedError(f"mode {mode!r}: adapter {adapter.__name__} declares "
-                                  f"{runner.known_modes(adapter)}")
+    if mode not in modes(adapter):
+        raise NotImplementedError(f"mode {mode!r}: adapter {adapter.__name__} declares {modes(adapter)}")
     variant = (wl.spec or {}).get("variant")
     if variant is not None and variant not in getattr(adapter, "VARIANTS", ()):
         raise NotImplementedError(f"workload {name!r}: adapter {adapter.__name__} has no {variant!r} "
@@ -238,9 +223,9 @@ def warm_session(bench: SpeakUnit, name: str, mode: str, steps: int | None, devi
 
 def _build(bench, key, wl, adapter, mode, steps, device) -> Warm:
     depth = DEPTH[device.type]
-    spec = runner.make_spec(wl, steps)
+    spec = make_spec(wl, steps)
     warmup, steady = turn_payloads(wl)
-    flags = contextlib.ExitStack()
+    flags, session = contextlib.ExitStack(), None
     try:
         flags.enter_context(env.deterministic())
         probe = memory.MemoryProbe(device)
@@ -248,11 +233,13 @@ def _build(bench, key, wl, adapter, mode, steps, device) -> Warm:
         probe.model_loaded()
         probe.begin_session()
         try:
-            session = runner.open_session(adapter, model, mode, spec)
-        except runner.ModeUnavailable as exc:
+            session = open_session(adapter, model, mode, spec)
+        except ModeUnavailable as exc:
             raise NotImplementedError(str(exc)) from exc
-        plan = bench.unit_plan(adapter, model, session, spec, warmup + [steady] * 3)
+        plan = unit_plan(session, warmup + [steady] * 3)
         check_steady(wl.name, mode, plan)
+        session.prepare(None)
+        session.prepare(plan[-1])           # the steady unit's signatures: the timed unit replays
         session.start_turn()
         for payload in warmup + [steady]:
             session.speak(payload, final=False)
@@ -260,6 +247,8 @@ def _build(bench, key, wl, adapter, mode, steps, device) -> Warm:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except BaseException:
+        if session is not None:
+            session.close()
         flags.close()
         raise
     return Warm(key, device, depth, model, session, probe, steady, plan, flags)

@@ -1,17 +1,15 @@
 """Arena on CPU: declare + allocate + view of one flow_hift cadence session (once per session), and the
 per-call region view (every flow call takes one).
 
-Layout: the regions `flow_hift_cadence.CadenceSession` declares for the released flow (10 conformer
-layers, 16 DiT layer slots, 8 heads x 128) at 5 Euler steps (the smaller released setting; 10 steps
-doubles the estimator region) and the minicpmo45 prompt (P = 300 mel frames), each sized from its clock
-bound (`flow_hift.regions(P)`: P + 150 frames): about 374 MB, zero-filled by allocate().
+Layout: the regions of a MiniCPM-o cadence session on the released flow (10 conformer layers, 16 DiT layer
+slots, 8 heads x 128) at 5 Euler steps and the minicpmo45 prompt (P = 300 mel frames), each sized from its
+clock bound (P + 150 frames): about 374 MB, zero-filled by allocate().
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from duplexcadence import runtime
 from duplexcadence.arena import Arena
 
 PROMPT_FRAMES = 300
@@ -20,14 +18,12 @@ LAYERS, DIT_SLOTS, HEADS, DK2 = 10, 16, 8, 128
 
 
 def layout() -> dict:
-    fh = runtime.adapter("flow_hift")
-    L = {r.name: r.policy.bound() for r in fh.regions(PROMPT_FRAMES)}["estimator_att"]
+    L = PROMPT_FRAMES + 150                       # the HeadTail bound: P + 100 kept + the 50-frame advance
     return {"conformer_att": (LAYERS, 1, HEADS, L, DK2),
             "estimator_att": (STEPS, DIT_SLOTS, 2, HEADS, L, DK2),
             "estimator_cnn": (STEPS, DIT_SLOTS, 2, 1024, 2),
             "conformer_cnn": (1, 512, 6),
-            "dit_att_scratch": (DIT_SLOTS, 2, HEADS, L, DK2),
-            "dit_cnn_scratch": (DIT_SLOTS, 2, 1024, 2)}
+            "dit_att_scratch": (DIT_SLOTS, 2, HEADS, L, DK2), "dit_cnn_scratch": (DIT_SLOTS, 2, 1024, 2)}
 
 
 def open_arena(shapes: dict) -> tuple[Arena, list]:

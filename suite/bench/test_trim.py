@@ -3,9 +3,9 @@
 Steady shape (minicpmo45, P = 300 mel frames): a 28-token call grows the cache
 [steps, 16, 2, 8, L, 128] float32 from P + 100 to L = P + 150 frames. Stock
 `Token2wav._trim_estimator_cache` (minicpmo-utils 1.0.7 token2wav.py L220-226) then builds a new
-[steps, 16, 2, 8, P + 100, 128] tensor with torch.cat; DuplexCadence's `CadenceSession._keep_estimator`
-(flow_hift_cadence.py) moves the last 100 frames down inside the arena buffer instead. Both are the
-shipped functions, called on stand-ins that hold just the attributes they read.
+[steps, 16, 2, 8, P + 100, 128] tensor with torch.cat; DuplexCadence moves the last 100 frames down inside
+the arena buffer instead (`duplexcadence.payload.move_tail_`). The stock function is called on a stand-in
+that holds just the attribute it reads.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from duplexcadence import upstream
-from duplexcadence.adapters.flow_hift_cadence import CadenceSession
+from duplexcadence.payload import move_tail_
 
 PROMPT_FRAMES = 300
 TAIL = 100                    # frames kept after the prompt (token2wav.py L221: limit = P + 100)
@@ -53,13 +53,11 @@ def test_stock_cat_trim(benchmark, steps):
 def test_inplace_shift_trim(benchmark, steps):
     benchmark.group = f"estimator trim, {steps} steps"
     grown = grown_cache(steps)
-    holder = SimpleNamespace(P=PROMPT_FRAMES, _est_buf=torch.empty_like(grown))
-    base = holder._est_buf.data_ptr()
+    buf = torch.empty_like(grown)
+    base = buf.data_ptr()
 
     def reset():                                 # untimed: the buffer as the steady call left it
-        holder._est_buf.copy_(grown)
+        buf.copy_(grown)
 
-    benchmark.pedantic(CadenceSession._keep_estimator, args=(holder, GROWN), setup=reset, rounds=5,
-                       warmup_rounds=1)
-    buf = holder._est_buf
+    benchmark.pedantic(move_tail_, args=(buf, PROMPT_FRAMES, GROWN, TAIL, 4), setup=reset, rounds=5, warmup_rounds=1)
     assert buf.data_ptr() == base and torch.equal(buf[-1, -1, -1, -1, :PROMPT_FRAMES + TAIL, -1], KEPT)

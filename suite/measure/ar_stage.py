@@ -1,15 +1,10 @@
-"""The AR stage before the tail of every SPEAK unit (issue 7): none, a fixed busy time, or a stand-in.
+"""The AR stage before the tail of every SPEAK unit: none, a fixed busy time, or a stand-in model.
 
-Spec strings (the `--ar` option of suite.duplex), parsed by `parse_ar`:
-* ``none``: no AR stage; SPEAK time is the tail alone.
-* ``busy:<T>ms`` (or ``busy:<T>s``): a fixed busy time per SPEAK unit. On CUDA one `torch.cuda._sleep`
-  kernel of T ms (cycles calibrated once with CUDA events on the current stream), so it occupies the
-  session's stream like AR kernels do; on CPU a spin on `time.perf_counter` for T ms.
-* ``standin`` / ``standin:<name>``: a real-architecture model from workloads.ar_standin with seeded
-  random weights, generating `tokens_per_unit` tokens per SPEAK unit through transformers `generate`
-  (greedy, min_new_tokens = max_new_tokens). ``standin`` picks the workload's default stand-in.
-Every stage's `run()` returns when its work is done (it synchronises on CUDA), and `describe()` is what
-the results record. Bad specs raise `ARSpecError` naming the argument, what is accepted and what came.
+Specs (`--ar` of suite.measure.duplex, `parse_ar`): `none`; `busy:<T>ms` / `busy:<T>s`, a fixed busy time
+per SPEAK unit (CUDA: one `torch.cuda._sleep` kernel of T ms on the session's stream, calibrated once; CPU:
+a spin); `standin` / `standin:<name>`, a real-architecture model of workloads.ar_standin with seeded random
+weights generating `tokens_per_unit` tokens per unit (transformers `generate`, greedy). Each stage's `run()`
+returns when its work is done; `describe()` is what the record holds. A bad spec raises ARSpecError.
 """
 from __future__ import annotations
 

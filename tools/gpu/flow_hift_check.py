@@ -8,11 +8,11 @@ Variants (one model instance, sessions one after another, every unit compared by
 
 Per variant: tail ms per SPEAK unit (CUDA events, median / p90 / p99 after 3 warm-up units), and, for the
 last 5 SPEAK units under the CUDA profiler, kernel launches, graph launches and GPU kernel-busy ms per unit
-(suite.kernels). Driver memory per variant is not separated here (one process): `suite.reproduce` does it.
+(suite.measure.kernels). Driver memory per variant is not separated here (one process): `suite.reproduce` does it.
 This is the measurement behind the choice of noise path (issue 3: "measure both").
 
-    python -m suite.gpu.flow_hift_check --steps 10 5 --out DIR        # H200, released config
-    python -m suite.gpu.flow_hift_check --device cpu --depth reduced --max-speak-units 4 --steps 2
+    python -m tools.gpu.flow_hift_check --steps 10 5 --out DIR        # H200, released config
+    python -m tools.gpu.flow_hift_check --device cpu --depth reduced --max-speak-units 4 --steps 2
 Writes DIR/flow_hift_check.json; prints a short table last.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 VARIANTS = {
@@ -36,13 +35,14 @@ VARIANTS = {
 
 def run(steps: int, args) -> dict:
     import workloads
-    from suite import runner
+    from suite.measure import session as runner
+    from suite.records import jsonable
 
     wl = workloads.get("minicpmo45")
-    device, adapter, spec, seeds, units, params, _ = runner._setup(
-        wl, args.device, args.depth, None, args.max_speak_units, steps, None)
+    s = runner.setup(wl, args.device, args.depth, None, args.max_speak_units, steps, None)
+    device, adapter, spec, units = s.device, s.adapter, s.spec, s.units
     t0 = time.perf_counter()
-    model, _probe = runner._build(adapter, spec, device, args.depth, seeds)
+    model, _probe, _ = runner.build(s, args.depth)
     build_s = time.perf_counter() - t0
     out = {"steps": steps, "build_s": build_s, "variants": {}}
     ref = None
@@ -50,16 +50,16 @@ def run(steps: int, args) -> dict:
         mode, cadence_opts = VARIANTS[name]
         vspec = dict(spec, cadence=cadence_opts)
         t0 = time.perf_counter()
-        records, _outputs, _pcm, _mem, stats = runner.run_session(
-            adapter, model, mode, vspec, units, device, progress=False)
-        m = runner.metrics(records, 24000)
+        run = runner.run_session(adapter, model, mode, vspec, units, device, progress=False)
+        records, stats = run.records, run.stats
+        m = runner.metrics(records)
         hashes = {r.index: r.sha256_f32 for r in records if r.kind == "SPEAK"}
         if ref is None:
             ref = hashes
         mism = sorted(i for i in ref if hashes.get(i) != ref[i])
         out["variants"][name] = {"metrics": m, "session_stats": stats, "mismatched_units": mism,
                                  "units_compared": len(ref), "seconds": time.perf_counter() - t0,
-                                 "units": [runner.jsonable(r.__dict__) for r in records if r.kind == "SPEAK"]}
+                                 "units": [jsonable(r.__dict__) for r in records if r.kind == "SPEAK"]}
         print(f"steps {steps} {name}: p50 {m.get('tail_ms_p50', float('nan')):.1f} ms, "
               f"mismatches {len(mism)}, stats {({k: stats.get(k) for k in ('captures', 'replays', 'eager_fallbacks', 'capture_failures')} if stats else None)}",
               flush=True)
@@ -117,9 +117,9 @@ def main(argv=None) -> int:
         p.error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA device here (use --device cpu --depth reduced)")
-    from suite import env
+    from suite.measure import env
 
-    record = {"provenance": env.provenance(["python", "-m", "suite.gpu.flow_hift_check", *(argv or sys.argv[1:])],
+    record = {"provenance": env.provenance(["python", "-m", "tools.gpu.flow_hift_check", *(argv or sys.argv[1:])],
                                            device=args.device),
               "runs": [run(s, args) for s in args.steps]}
     out = Path(args.out)

@@ -12,12 +12,12 @@ Every frame of every mode is compared byte for byte (sha256 of float32 and of in
 Time per unit: CUDA events around `session.speak` (host work, H2D of the codes and the D2H of the PCM
 included), reported as ms per second of audio, median / p90 / p99 over the units after the warm-up, and
 per minute of the session (the 10-minute mode: --seconds 600). Memory at the driver, over the
-model-loaded baseline: the session's peak (suite.memory.MemoryProbe, warm-up and capture included) and
+model-loaded baseline: the session's peak (suite.measure.memory.MemoryProbe, warm-up and capture included) and
 its steady state (after the warm-up units the allocator's unused cache is returned, in every mode alike,
 then the largest cudaMemGetInfo reading over the measured units), plus used memory per minute.
 
-    python -m suite.gpu.mimi_check --seconds 60 --out DIR          # on the GPU, released config
-    python -m suite.gpu.mimi_check --seconds 2 --device cpu        # tiny, reduced config
+    python -m tools.gpu.mimi_check --seconds 60 --out DIR          # on the GPU, released config
+    python -m tools.gpu.mimi_check --seconds 2 --device cpu        # tiny, reduced config
 Writes DIR/mimi_check.json and prints a short table last.
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ def run_mode(name: str, args, codes: np.ndarray, frames: list[int], work: Path) 
     import torch
 
     from duplexcadence.adapters import mimi
-    from suite.memory import MemoryProbe
+    from suite.measure.memory import MemoryProbe
 
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -186,7 +186,7 @@ def first_mismatch(ref: dict, rec: dict, work: Path) -> dict | None:
 
 # --- the parent: one process per mode, then compare ---------------------------------------------------
 def spawn(name: str, argv: list[str], work: Path) -> dict:
-    cmd = [sys.executable, "-m", "suite.gpu.mimi_check", *argv, "--worker", name, "--work", str(work)]
+    cmd = [sys.executable, "-m", "tools.gpu.mimi_check", *argv, "--worker", name, "--work", str(work)]
     done = subprocess.run(cmd, text=True)
     if done.returncode != 0:
         return {"mode": name, "error": f"worker exited with {done.returncode}"}
@@ -247,13 +247,13 @@ def main(argv: list[str] | None = None) -> int:
             if graphs.get("capture_failures") or graphs.get("eager_fallbacks"):
                 reasons.append(f"{name}: graph capture failures {graphs}")
             modes[name] = row
-    from suite.env import provenance
+    from suite.measure.env import provenance
 
     record = {"check": "mimi_check", "workload": "moshi", "architecture": "mimi", "depth": args.depth,
               "seconds": args.seconds, "warmup_units": WARMUP_UNITS, "units": len(frames),
               "unit_frames": frames[:4], "seeds": {"weights": args.seed, "codes": args.seed + 1000},
               "targets": {"ms_per_s_p50_max": TARGET_MS_PER_S}, "modes": modes,
-              "provenance": provenance(command=["python", "-m", "suite.gpu.mimi_check", *argv],
+              "provenance": provenance(command=["python", "-m", "tools.gpu.mimi_check", *argv],
                                        device=args.device)}
     if record["provenance"].get("git_dirty"):
         reasons.append("dirty tree: uncommitted changes (see provenance.git_status)")

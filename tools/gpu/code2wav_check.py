@@ -14,8 +14,8 @@ arena bytes, peak allocated. Reference rows: the whole-utterance `chunked_decode
 (--seamless) the opt-in non-bit-exact "cadence_seamless" mode, each with its deviation from the whole
 utterance on the common timeline (max |diff|, SNR).
 
-    python -m suite.gpu.code2wav_check --units 40 --out DIR                              # H200, released bf16
-    python -m suite.gpu.code2wav_check --device cpu --depth reduced --units 4 --out DIR  # CPU, tiny
+    python -m tools.gpu.code2wav_check --units 40 --out DIR                              # H200, released bf16
+    python -m tools.gpu.code2wav_check --device cpu --depth reduced --units 4 --out DIR  # CPU, tiny
 Writes DIR/code2wav_check.json and prints a short table last.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ import torch
 
 from duplexcadence.adapters import code2wav as c2w
 from duplexcadence.runtime import BitMismatch, compare_units
-from suite import env
-from suite.gpu.common import stats_ms, timed
+from suite.measure import env
+from tools.gpu.common import stats_ms, timed
 
 MIN_MEASURED_UNITS = 30
 TARGET_MS_PER_S = 8.0            # issue 6: at most 8 ms per second of audio

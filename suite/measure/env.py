@@ -1,12 +1,10 @@
 """Where a result came from, and the determinism flags it ran under.
 
-`provenance()` is generated, never typed (the MLCommons loadgen habit, shared/notes/style.md section 5):
-git revision, dirty flag with the `git status --short` lines, the git tree hash of impl/, the command,
-python / torch / CUDA / cuDNN versions, the stock package versions and the device (CPU model and cores,
-or GPU name, driver, memory and clocks). Outside a git checkout the git fields read "NA"; nothing fails.
-
-`deterministic()` is the only place the suite changes torch's global flags, and it restores them on exit
-(style.md section 6.8: nothing changes torch state at import).
+`provenance()` is generated, never typed: git revision, dirty flag with the `git status --short` lines, the
+git tree hash of impl/, the command, python / torch / CUDA / cuDNN and stock package versions, the device.
+Outside a git checkout the git fields read "NA". `deterministic()` is the only place the suite changes
+torch's global flags, and it restores them on exit. The host probes (`host_op_us`, `cpu_loop_us`,
+`UnitHostSampler`) say how fast the host launched eager kernels around a measurement.
 """
 from __future__ import annotations
 
@@ -18,32 +16,21 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 from duplexcadence import upstream
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from suite.records import REPO_ROOT, git
 
 #: Untracked paths under these prefixes do not make the tree dirty: they are outputs, not code.
 OUTPUT_PREFIXES = ("results/",)
 
 
-def _git(*args: str, cwd: Path = REPO_ROOT) -> str | None:
-    """stdout of `git <args>` (stripped), or None outside a checkout / without git."""
-    if shutil.which("git") is None:
-        return None
-    try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.rstrip("\n") if out.returncode == 0 else None
-
-
 def status_lines(cwd: Path = REPO_ROOT) -> list[str] | None:
     """`git status --short` lines (tracked changes and untracked files), or None outside git."""
-    out = _git("status", "--short", cwd=cwd)
+    out = git("status", "--short", cwd=cwd)
     return None if out is None else [line for line in out.splitlines() if line.strip()]
 
 
@@ -65,12 +52,12 @@ def impl_tree(cwd: Path = REPO_ROOT, lines: list[str] | None = None) -> dict:
     """The committed tree hash of impl/ (`git rev-parse HEAD:impl`) and whether the working copy of
     impl/ differs from it; if it does, `impl_worktree_sha256` hashes the files as they are (paths sorted,
     each path and its bytes), so a dirty run still names the code that ran."""
-    tree = _git("rev-parse", "HEAD:impl", cwd=cwd) or "NA"
+    tree = git("rev-parse", "HEAD:impl", cwd=cwd) or "NA"
     lines = status_lines(cwd) if lines is None else lines
     dirty = any(_status_path(line).startswith("impl/") for line in (lines or []))
     out = {"impl_tree": tree, "impl_dirty": dirty}
     if dirty:
-        listed = _git("ls-files", "-co", "--exclude-standard", "impl", cwd=cwd) or ""
+        listed = git("ls-files", "-co", "--exclude-standard", "impl", cwd=cwd) or ""
         digest = hashlib.sha256()
         for rel in sorted(listed.splitlines()):
             path = cwd / rel
@@ -82,8 +69,7 @@ def impl_tree(cwd: Path = REPO_ROOT, lines: list[str] | None = None) -> dict:
 
 def cpu_info() -> dict:
     """CPU model (from /proc/cpuinfo where present), logical cores, cores this process may use, and the
-    host's load average (1, 5, 15 min) when recorded: host-bound tails slow down beside other work
-    (results/2026-11-30-h200-reproduce-3: MiniCPM-o cadence 137 vs 104 ms with a stage on the other GPU)."""
+    host's load average (1, 5, 15 min): host-bound tails slow down beside other work."""
     model = platform.processor() or "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -134,40 +120,28 @@ def device_info(device: str | torch.device = "cpu") -> dict:
         uuid = getattr(props, "uuid", None)
         out.update({"gpu_name": props.name, "gpu_capability": f"{props.major}.{props.minor}",
                     "gpu_memory_mib": props.total_memory // 2**20, "gpu_sm_count": props.multi_processor_count,
-                    **({"gpu_uuid": f"GPU-{uuid}"} if uuid else {}),
-                    **nvidia_smi(f"GPU-{uuid}" if uuid else index)})
+                    **({"gpu_uuid": f"GPU-{uuid}"} if uuid else {}), **nvidia_smi(f"GPU-{uuid}" if uuid else index)})
     return out
-
-
-def device_short_name(info: dict) -> str:
-    """A short file-name-safe device name: 'cpu', or the GPU model ('NVIDIA H200' -> 'h200')."""
-    name = info.get("gpu_name")
-    if not name:
-        return "cpu"
-    words = [w for w in name.lower().replace("nvidia", "").replace("geforce", "").split() if w]
-    slug = "-".join(words) or "gpu"
-    return "".join(c if c.isalnum() or c == "-" else "-" for c in slug)
 
 
 def provenance(command: list[str] | None = None, *, device: str | torch.device = "cpu") -> dict:
     """Everything that says where a result came from. command: argv as run (default: sys.argv)."""
     lines = status_lines()
     cuda = torch.version.cuda
-    git = {"git_rev": _git("rev-parse", "HEAD") or "NA",
-           "git_dirty": None if lines is None else is_dirty(lines),
-           "git_status": lines if lines is not None else "NA",
-           **impl_tree(lines=lines or [])}
+    facts = {"git_rev": git("rev-parse", "HEAD") or "NA",
+             "git_dirty": None if lines is None else is_dirty(lines),
+             "git_status": lines if lines is not None else "NA", **impl_tree(lines=lines or [])}
     if lines is None and os.environ.get("DUPLEXCADENCE_GIT_REV"):
         # A copied working tree without .git (a lent GPU machine): the caller states the checkout it
         # copied, read with git on the machine it was copied from.
-        git = {"git_rev": os.environ["DUPLEXCADENCE_GIT_REV"],
-               "git_dirty": os.environ.get("DUPLEXCADENCE_GIT_DIRTY", "1") != "0",
-               "git_status": "NA (no .git here; stated by the caller)",
-               "impl_tree": os.environ.get("DUPLEXCADENCE_IMPL_TREE", "NA"), "impl_dirty": None,
-               "git_source": "caller (DUPLEXCADENCE_GIT_REV / _DIRTY / _IMPL_TREE)"}
+        facts = {"git_rev": os.environ["DUPLEXCADENCE_GIT_REV"],
+                 "git_dirty": os.environ.get("DUPLEXCADENCE_GIT_DIRTY", "1") != "0",
+                 "git_status": "NA (no .git here; stated by the caller)",
+                 "impl_tree": os.environ.get("DUPLEXCADENCE_IMPL_TREE", "NA"), "impl_dirty": None,
+                 "git_source": "caller (DUPLEXCADENCE_GIT_REV / _DIRTY / _IMPL_TREE)"}
     return {
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        **git,
+        **facts,
         "command": list(command if command is not None else sys.argv),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -221,20 +195,13 @@ def _count(name: str, value) -> int:
 
 def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: int = 5,
                buffers: tuple[torch.Tensor, torch.Tensor] | None = None, warmup: int = 100) -> float:
-    """Median microseconds per eager elementwise op (`torch.add` of a 1-element float32 tensor into a
-    preallocated output) issued from Python on `device`, over `repeats` batches of `ops` ops, the device
-    synchronized before and after each batch: the host's cost of dispatching and launching one tiny kernel
-    from eager PyTorch at this moment. A stock tail of n kernels costs at least about n times this on the
-    host (shared/notes/stock_decoders.md: the stock tails are host-bound), so a run's stock time moves
-    with it; `suite.runner.verify` records it around every timing round. About 5-30 ms per call.
-    buffers: (input, output) 1-element tensors on `device` to use instead of allocating two (no allocator
-    traffic: `UnitHostSampler` between units); warmup: untimed ops first (at most `ops`; 0 for none).
-    Raises ValueError for ops or repeats that is not an int >= 1, or warmup not an int >= 0."""
+    """Median microseconds per eager `torch.add` of a 1-element tensor on `device` over `repeats` batches of
+    `ops` ops, synchronised around each batch: the host's cost of launching one tiny kernel now (the stock
+    tails are host-bound, so their time moves with it). buffers: (input, output) tensors to use (no
+    allocation); warmup: untimed ops first. Raises ValueError for ops / repeats not an int >= 1, warmup < 0."""
     ops, repeats = _count("ops", ops), _count("repeats", repeats)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup: expected an int >= 0, got {warmup!r}")
-    import time
-
     device = torch.device(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if buffers is None:
@@ -281,13 +248,9 @@ def nvml_handle(device: str | torch.device):
 
 
 def cpu_loop_us(iters: int = CPU_LOOP_ITERS, repeats: int = 3) -> float:
-    """Median microseconds of a pure-Python integer loop of `iters` iterations over `repeats` runs: the
-    host CPU's speed at this moment with no torch, CUDA or memory traffic in it (a slow CPU state, e.g. a
-    busy or throttled vCPU, shows here as well as in `host_op_us`; a slow GPU launch path only there).
-    Raises ValueError for iters or repeats that is not an int >= 1."""
+    """Median microseconds of a pure-Python loop of `iters` iterations over `repeats` runs: the CPU's speed now,
+    without torch or CUDA in it. Raises ValueError for iters or repeats not an int >= 1."""
     iters, repeats = _count("iters", iters), _count("repeats", repeats)
-    import time
-
     runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -300,22 +263,10 @@ def cpu_loop_us(iters: int = CPU_LOOP_ITERS, repeats: int = 3) -> float:
 
 
 class UnitHostSampler:
-    """The host's and the GPU's state right after one unit, read outside its timed region (suite.runner:
-    `UnitRecord.host`, verify's timed SPEAK units). `sampler()` returns a dict:
-
-    * "op_us": `host_op_us(device, ops=UNIT_PROBE_OPS, repeats=1)`, microseconds per eager launch, on two
-      1-element tensors allocated once here (no allocator traffic between units) and with no untimed
-      warm-up (the first call, a warm-up unit's, warms it);
-    * "cpu_loop_us": `cpu_loop_us()`, microseconds;
-    * "sm_mhz": the GPU's current SM clock in MHz from NVML (nvmlDeviceGetClockInfo, NVML_CLOCK_SM), read
-      first, before the probes run; None on CPU, without NVML, or on an NVML error.
-
-    About 1 ms per call on CUDA. Why: on the lent H200 (a KVM guest) the eager-launch probe switched
-    between ~7.3 and ~10.5 us per op every ~0.25-3.6 s, also pinned to one vCPU
-    (results/2026-11-30-h200-hostdiag/), and the host-bound stock tails moved between runs by up to 46%;
-    per-unit samples say whether the slow state is the CPU's (cpu_loop_us) or the GPU clock's (sm_mhz).
-    Construction raises nothing on a machine without CUDA for device "cpu"; for a CUDA device it needs CUDA
-    (torch raises otherwise)."""
+    """The host's and the GPU's state right after a unit, outside its timed region (`UnitRecord.host`): a call
+    returns {"op_us": `host_op_us` of UNIT_PROBE_OPS ops on buffers made once, "cpu_loop_us": `cpu_loop_us()`,
+    "sm_mhz": the GPU's SM clock (NVML), read first; None on CPU, without NVML or on an NVML error}. About
+    1 ms a call on CUDA: it says whether a slow unit met a slow CPU state or a low GPU clock."""
 
     def __init__(self, device: str | torch.device):
         self.device = torch.device(device)

@@ -26,8 +26,8 @@ torch reserved + arena mapped.
 allocator each larger request leaves a new cached segment behind (reserve 6956 MiB for 2931 MiB allocated
 at the mark on the H200); the mark also records inactive split bytes, segments and allocation retries.
 
-    TORCHDYNAMO_DISABLE=1 python -m suite.gpu.stepaudio2_check --out DIR                  # H200, < 4 min
-    TORCHDYNAMO_DISABLE=1 python -m suite.gpu.stepaudio2_check --device cpu --depth reduced --steps 2 \\
+    TORCHDYNAMO_DISABLE=1 python -m tools.gpu.stepaudio2_check --out DIR                  # H200, < 4 min
+    TORCHDYNAMO_DISABLE=1 python -m tools.gpu.stepaudio2_check --device cpu --depth reduced --steps 2 \\
         --units 4 --mark 3 --out DIR                                                     # CPU, tiny
 Writes DIR/stepaudio2_check.json; prints the dit+hift mode's per-unit rows, then the summary table last
 (per mode: ms, x stock, memory, bytes and generator offsets equal to stock on every unit, captures,
@@ -47,9 +47,9 @@ import torch
 
 from duplexcadence.adapters import flow_hift as fh
 from duplexcadence.adapters import stepaudio2 as sa
-from suite import env
-from suite.gpu.common import stats_ms, timed
-from suite.memory import _Driver
+from suite.measure import env
+from tools.gpu.common import stats_ms, timed
+from suite.measure.memory import DeviceMemory
 
 MIB = 1024 * 1024
 #: cadence modes -> CadenceSession(graphs=...)
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     prov = env.provenance(device=device)
     if args.allocator == "expandable" and device.type == "cuda":
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-    driver = _Driver(device) if device.type == "cuda" else None
+    driver = DeviceMemory(device) if device.type == "cuda" else None
     modes = ["stock", "cadence"] + ([] if device.type != "cuda" or args.no_graphs
                                     else ["cadence_graphs", "cadence_dit_hift"])
     if args.modes:

@@ -1,22 +1,9 @@
-"""Peak memory of a session, in MiB, against the right baselines (DESIGN.md section 5, "Memory").
-
-Samples frame a session: `idle` (before the model is built), `model` (model built, no session yet), the
-session's own base (just before it opens) and its `peak`. The per-session increment is peak minus the
-session's base; "peak over idle" is (model - idle) + that increment, which is what one process per mode
-would measure even when two sessions run one after the other on one shared model (`suite.runner.verify`).
-
-* CUDA, driver level: device memory in use as the driver reports it (NVML through pynvml when importable,
-  else `torch.cuda.mem_get_info`: total - free). This is the figure that sees CUDA VMM mappings and graph
-  pools, which torch's allocator statistics cannot. It is sampled by `observe()` (the runner calls it
-  after every unit); neither torch's caching allocator nor a VMM arena returns memory to the driver
-  within a session, so the largest sample is the session's driver-level peak.
-* CUDA, allocator level: `torch.cuda.max_memory_allocated` / `max_memory_reserved`, reset when a session
-  begins.
-* CPU: resident set size. The peak is the kernel's high-water mark `VmHWM`, reset when a session begins
-  (`/proc/self/clear_refs` = 5, Linux >= 4.0); where that is not possible it is `getrusage` ru_maxrss,
-  the high-water mark of the whole process, and `peak_rss_source` says so.
-
-The driver-level figures are device-wide: run one process per measurement where other work shares the GPU.
+"""Peak memory of a session, in MiB, against the right baselines: `idle` (before the model), `model` (built,
+no session), the session's base and its peak. The per-session increment is peak - base; "peak over idle"
+is (model - idle) + that increment. CUDA: driver-level used memory (NVML, else cudaMemGetInfo: it sees VMM
+mappings and graph pools, which torch's allocator statistics cannot) and torch's max allocated / reserved;
+CPU: resident set size, its peak VmHWM reset per session (else ru_maxrss, said in `peak_rss_source`).
+Driver-level figures are device-wide: one process per measurement.
 """
 from __future__ import annotations
 
@@ -26,6 +13,8 @@ import resource
 from pathlib import Path
 
 import torch
+
+from suite.measure.env import nvml_handle
 
 MIB = 2**20
 
@@ -62,12 +51,10 @@ def peak_rss_mib() -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "ru_maxrss"
 
 
-class _Driver:
+class DeviceMemory:
     """Device-wide used memory of one GPU: NVML if pynvml imports, else cudaMemGetInfo."""
 
     def __init__(self, device: torch.device):
-        from suite.env import nvml_handle
-
         self.device = device
         self._nvml, self.handle = nvml_handle(device)
         self.source = "nvml" if self.handle is not None else "cuda_mem_get_info"
@@ -92,7 +79,7 @@ class MemoryProbe:
         self.cuda = self.device.type == "cuda"
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self._driver = _Driver(self.device) if self.cuda else None
+        self._driver = DeviceMemory(self.device) if self.cuda else None
         self._settle()
         self.idle = self._current()
         self.model: dict | None = None
@@ -128,8 +115,7 @@ class MemoryProbe:
             rss_reset = None
         else:
             rss_reset = reset_peak_rss()
-        self._session = {"base": base, "driver_peak_mib": base.get("driver_used_mib"),
-                         "rss_reset": rss_reset}
+        self._session = {"base": base, "driver_peak_mib": base.get("driver_used_mib"), "rss_reset": rss_reset}
 
     def observe(self) -> None:
         """Take one driver-level sample inside a session (CUDA; a no-op on CPU, where VmHWM tracks it)."""
@@ -185,11 +171,3 @@ class MemoryProbe:
             }
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
 
-
-def headline(memory: dict) -> tuple[str, float | None]:
-    """(key, MiB) of the figure a report compares between modes: the session's peak over the idle
-    baseline (model + session), driver level on CUDA (DESIGN.md section 5), RSS on CPU."""
-    for key in ("peak_over_idle_driver_mib", "peak_over_idle_rss_mib"):
-        if key in memory:
-            return key, memory[key]
-    return "none", None

@@ -1,20 +1,8 @@
-"""Kernel launches and GPU kernel-busy time of one call, from the CUDA profiler (CUPTI via torch.profiler).
-
-`profile_call(fn, *args)` runs `fn` once under `torch.profiler.profile` (CPU + CUDA activities), exports
-the Chrome trace and counts, from it:
-
-* ``launch_calls``: host API calls that launch work, by name: cudaLaunchKernel / cudaLaunchKernelExC /
-  cuLaunchKernel / cuLaunchKernelEx (one kernel each), cudaGraphLaunch (one whole graph),
-  cudaMemcpyAsync / cudaMemsetAsync. ``kernel_launches`` = the kernel-launching calls (graph replays
-  excluded), ``graph_launches`` = cudaGraphLaunch calls.
-* ``kernels``: kernels that ran on the GPU (those inside a replayed graph included, as CUPTI reports them).
-* ``kernel_busy_ms``: the union of the kernels' [start, end) intervals on the GPU timeline (overlaps
-  counted once); ``gpu_busy_ms`` adds memcpy/memset intervals.
-* ``wall_ms``: host time of the profiled call (profiler overhead included, so not a speed figure).
-
-Profiling slows the host side; the suite profiles units that are excluded from the timing statistics.
-On CPU the call runs unprofiled and the counts are None. Source: torch.profiler (kineto) trace format,
-categories "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver".
+"""Kernel launches and GPU kernel-busy time of one call, from the CUDA profiler (CUPTI via torch.profiler):
+`profile_call(fn, *args)` runs `fn` once profiled and counts from its Chrome trace `launch_calls` (by API),
+`kernel_launches` (graph replays excluded), `graph_launches`, `kernels` (those inside replayed graphs
+included), `kernel_busy_ms` (the union of the kernels' intervals), `gpu_busy_ms` (with copies) and
+`wall_ms` (under the profiler: no speed figure). On CPU the call runs unprofiled, the summary None.
 """
 from __future__ import annotations
 
@@ -84,8 +72,7 @@ def summarize_trace(events: list[dict]) -> dict:
             "kernel_launches": sum(calls.get(n, 0) for n in KERNEL_LAUNCH_APIS),
             "graph_launches": sum(calls.get(n, 0) for n in GRAPH_LAUNCH_APIS),
             "kernels": len(kernels),
-            "kernel_busy_ms": _union_ms(kernels),
-            "gpu_busy_ms": _union_ms(kernels + copies)}
+            "kernel_busy_ms": _union_ms(kernels), "gpu_busy_ms": _union_ms(kernels + copies)}
 
 
 def profile_call(fn, *args, device: torch.device | str = "cuda", **kwargs):

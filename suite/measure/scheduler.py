@@ -1,37 +1,22 @@
-"""Run many duplex sessions on one device, each on a one-second wall-clock cadence, with admission control.
+"""Many duplex sessions on one device, each on a one-second wall-clock cadence, with admission control.
 
-A session (a `Slot`) is a sequence of one-second units. Unit k of session s is *released* at
-`phase_s + k * period_s` on the scheduler's clock and is *due* one period later (DESIGN.md section 1: a
-deadline miss is a unit whose work ends after its period). A session's units run strictly in order
-(streaming state: unit k+1 reads what unit k wrote); a unit released while the previous one is still
-running starts late, and its lateness counts against it. Units without work (a LISTEN unit carrying no
-payload) are recorded with no run.
-
-Policies (how the kernels of different sessions meet on the device; never batched, DESIGN.md rule 3):
-* ``"edf"``: one host thread, one stream: among released units, the one with the earliest deadline runs
-  to completion, then the next. Deterministic order; no two sessions' kernels ever overlap.
-* ``"threads"``: one host thread per session, each with its own CUDA stream (on CUDA), each sleeping until
-  its unit's release; tiny kernels of different sessions may overlap on the device, each kernel still
-  computes one session's data only. Sessions that share mutable module state (one model instance) must
-  serialise the parts of `run_unit` that touch it themselves (suite.duplex holds one lock per model
-  instance around the tail): Python-level state swaps (e.g. a stock module buffer pointed at a
-  session's arena for one step) must not interleave.
-
-Admission control: every slot declares `footprint_bytes` (its arena + graph-pool bytes, or a stock
-instance's bytes); `admit` refuses a slot whose bytes do not fit in what is left of `budget_bytes`, with
-`AdmissionError`, before it is scheduled.
-
-The clock is injectable (`Clock`: `now()` seconds, `sleep_until(t)`), so tests drive misses and lateness
-deterministically. Nothing here times kernels: a slot's `run_unit` returns only when its unit's work is
-done (it synchronises), and the scheduler reads the clock before and after.
+Unit k of a session (`Slot`) is released at `phase_s + k * period_s` and due one period later; a
+session's units run in order, so one released while the previous still runs starts late and its lateness
+counts. Units without work are recorded, not run. Policies (never batched): "edf", one thread, the
+released unit with the earliest deadline first; "threads", a thread (and on CUDA a stream) per session.
+`admit` refuses a slot whose `footprint_bytes` do not fit what is left of `budget_bytes`. The clock is
+injectable, so tests drive misses exactly.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
+
+import torch
 
 POLICIES = ("edf", "threads")
 
@@ -137,6 +122,7 @@ class CadenceScheduler:
         self.clock = clock
         self.budget_bytes = budget_bytes
         self.slots: list[Slot] = []
+        self.on_unit: Callable[[UnitTiming], None] | None = None   # called after each unit with work ends
 
     @property
     def admitted_bytes(self) -> int:
@@ -207,6 +193,8 @@ class CadenceScheduler:
         rec.end_s = self.clock.now()
         rec.lateness_s = rec.end_s - rec.deadline_s
         rec.miss = rec.lateness_s > 0
+        if self.on_unit is not None:
+            self.on_unit(rec)
 
     # --- earliest deadline first, one thread ---------------------------------------------------------
     def _run_edf(self, by_session: list[list[UnitTiming]]) -> None:
@@ -255,11 +243,7 @@ class CadenceScheduler:
 
 def _stream_context(stream):
     """`torch.cuda.stream(stream)` for a CUDA stream, else a no-op context."""
-    if stream is None:
-        import contextlib
-        return contextlib.nullcontext()
-    import torch
-    return torch.cuda.stream(stream)
+    return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
 
 
 def staggered_phases(n: int, period_s: float = 1.0) -> list[float]:

@@ -1,0 +1,149 @@
+"""The plan of a reproduction: which stages there are, what each may take, the command each runs.
+
+A stage is one harness on one workload (`<workload>.<harness>`), a process of its own with a time budget:
+`verify` (`python -m suite.measure.stage verify`: stock then cadence on one model instance, timing rounds,
+every unit compared), `memory_stock` / `memory_cadence` (`suite.measure.stage mode`: one mode in a fresh
+process), `duplex_stock` / `duplex_cadence` (`python -m suite.measure.duplex` with DUPLEX_SESSIONS' counts,
+60 s each), `duplex_oracle` (cadence with `--prepare oracle`; no default plan has it). A stage that cannot
+run here is skipped with its reason, checked again every sitting.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import workloads
+from duplexcadence import runtime
+from suite.records import HARNESS_MODE, HARNESSES, OPTIONAL_HARNESSES, TIMED_HARNESSES, family
+
+#: Per-stage time budget in seconds (the stage's process is killed past it), by device type. A duplex
+#: stage fills a 10-minute command of a lent GPU (560 s); CPU: 2 cores, the released config, 4 units.
+BUDGET_S = {
+    "cuda": {"verify": 300, "memory_stock": 180, "memory_cadence": 180, "duplex_stock": 560,
+             "duplex_cadence": 560, "duplex_oracle": 560},
+    "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex_stock": 1800,
+            "duplex_cadence": 1800, "duplex_oracle": 1800},
+}
+#: Timing rounds of a verify stage by device type (each further round a fresh session per mode).
+VERIFY_ROUNDS = {"cuda": 3, "cpu": 1}
+ESTIMATE_MARGIN = 1.5          # a stage is expected to take up to 1.5x its family's slowest done stage
+DUPLEX_SECONDS = 60            # per session count: zero misses are claimed over 60 s
+#: suite.measure.duplex arguments per mode ("stock", "cadence") and workload, with where they came from.
+DUPLEX_SESSIONS = json.loads((Path(__file__).with_name("duplex_sessions.json")).read_text())
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One harness on one workload. skip: why it cannot run here (None: it can)."""
+    workload: str
+    harness: str
+    budget_s: float
+    skip: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload}.{self.harness}"
+
+    @property
+    def mode(self) -> str | None:
+        """The one mode a memory or duplex stage runs, else None."""
+        return HARNESS_MODE.get(self.harness)
+
+    @property
+    def timed(self) -> bool:
+        """A stage whose figures are times: nothing else runs on its host while it runs."""
+        return self.harness in TIMED_HARNESSES
+
+
+def skip_reason(workload, harness: str) -> str | None:
+    """Why `harness` cannot run `workload` here, or None. Imports the workload's adapter module."""
+    if workload.architecture not in runtime.ADAPTERS:
+        return f"no adapter for architecture {workload.architecture!r} (duplexcadence.runtime.ADAPTERS)"
+    adapter = runtime.adapter(workload.architecture)
+    variant = (workload.spec or {}).get("variant")
+    if variant is not None and variant not in getattr(adapter, "VARIANTS", ()):
+        return (f"adapter {adapter.__name__} does not implement the {variant!r} variant yet "
+                f"(adapter.VARIANTS); running it would run another model's path")
+    if HARNESS_MODE[harness] != "stock" and "cadence" not in getattr(adapter, "MODES", runtime.MODES):
+        return f"adapter {adapter.__name__} has no cadence mode"
+    return None
+
+
+def plan(workload_names: list[str], harnesses: list[str], device_type: str, *,
+         stage_budget_s: float | None = None) -> list[Stage]:
+    """The stages for these workloads x harnesses, workload-major, each with its budget and skip reason.
+    Raises KeyError for an unknown workload, ValueError for an unknown harness or device type."""
+    bad = [h for h in harnesses if h not in HARNESSES]
+    if bad:
+        raise ValueError(f"harness {bad}: expected some of {list(HARNESSES)}")
+    if device_type not in BUDGET_S:
+        raise ValueError(f"device type {device_type!r}: expected one of {list(BUDGET_S)}")
+    out = []
+    for name in workload_names:
+        wl = workloads.get(name)
+        for h in harnesses:
+            budget = stage_budget_s if stage_budget_s is not None else BUDGET_S[device_type][h]
+            out.append(Stage(name, h, float(budget), skip_reason(wl, h)))
+    return out
+
+
+def select(stages: list[Stage], patterns: list[str] | None) -> list[Stage]:
+    """The stages any pattern names: an fnmatch glob on the stage name (`minicpmo45.*`, `*.memory_*`), or a
+    workload, harness or harness family (`memory`, `duplex`) alone; an optional harness (duplex_oracle) only
+    by a pattern with "oracle" in it. None or [] selects all. Raises ValueError naming a pattern that selects
+    nothing."""
+    if not patterns:
+        return list(stages)
+
+    def hit(st: Stage, p: str) -> bool:
+        if st.harness in OPTIONAL_HARNESSES and "oracle" not in p:
+            return False
+        return fnmatch.fnmatchcase(st.name, p) or p in (st.workload, st.harness) or family(st.harness) == p
+
+    empty = [p for p in patterns if not any(hit(s, p) for s in stages)]
+    if empty:
+        raise ValueError(f"--stages {empty}: no stage matches; stages are "
+                         f"{[s.name for s in stages]} (globs, workload or harness names)")
+    return [s for s in stages if any(hit(s, p) for p in patterns)]
+
+
+def estimate_s(stage: Stage, stages: dict) -> float:
+    """Seconds this stage is expected to need: ESTIMATE_MARGIN x the slowest done stage of its harness
+    family in this run (legacy entries left out), capped at its budget; its budget when none is done.
+    stages: name -> StageState."""
+    seen = [st.seconds for st in stages.values()
+            if st.status == "done" and st.seconds is not None and st.harness in HARNESSES
+            and family(st.harness) == family(stage.harness)]
+    return min(stage.budget_s, ESTIMATE_MARGIN * max(seen)) if seen else stage.budget_s
+
+
+def stage_argv(stage: Stage, out_dir: str, options: dict) -> list[str]:
+    """The module and arguments of a stage's process (after `python -m`). options: the run's (device,
+    steps, seconds, max_speak_units, depth, seed, notes)."""
+    if family(stage.harness) == "duplex":
+        per = DUPLEX_SESSIONS[stage.mode]
+        argv = ["suite.measure.duplex", "--workload", stage.workload, "--device", options["device"], "--modes",
+                stage.mode, "--out", str(out_dir), "--ar", "none", "--seconds", str(DUPLEX_SECONDS),
+                "--after-miss", "0", *per.get(stage.workload, per["default"])["args"]]
+        if stage.harness == "duplex_oracle":
+            argv += ["--prepare", "oracle"]
+        if options.get("depth") and options["depth"] != "released":
+            argv += ["--depth", options["depth"]]
+        if options.get("steps"):
+            argv += ["--steps", str(options["steps"])]
+        return argv
+    argv = ["suite.measure.stage", "verify" if stage.harness == "verify" else "mode", "--workload", stage.workload,
+            "--device", options["device"], "--out", str(out_dir), "--depth", options.get("depth") or "released"]
+    if stage.mode:
+        argv += ["--mode", stage.mode]
+    else:
+        rounds = options.get("rounds") or VERIFY_ROUNDS["cuda" if options["device"].startswith("cuda") else "cpu"]
+        argv += ["--rounds", str(rounds)]
+    for key in ("steps", "seconds", "max_speak_units", "seed"):
+        if options.get(key) is not None:
+            argv += [f"--{key.replace('_', '-')}", str(options[key])]
+    for note in options.get("notes") or []:
+        argv += ["--note", note]
+    return argv

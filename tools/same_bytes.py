@@ -1,0 +1,50 @@
+"""Whether two run folders' stages produced the same bytes: every unit's sha256 (float32 waveform and int16
+PCM) of every mode, stage by stage, for the stages both folders have done (e.g. the verify stages of a
+sitting through Ray against the same stages without it).
+
+    python tools/same_bytes.py RUN_A RUN_B
+
+Prints a line per stage (units compared, units differing) and exits 0 when every compared unit is equal,
+1 when one differs or no stage is in both, 2 for a folder that is not a staged run.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from suite.records import read_json, read_stages
+
+
+def hashes(run: Path, name: str) -> dict:
+    rec = read_json(run / name / "run.json") or {}
+    return {(mode, u["index"]): (u["sha256_f32"], u["sha256_pcm16"]) for mode, part in rec.get("modes", {}).items()
+            for u in part.get("units", []) if u.get("sha256_f32")}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    a, b = (Path(x) for x in argv)
+    try:
+        done = [{n for n, st in read_stages(r)["stages"].items() if st.get("status") == "done"} for r in (a, b)]
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    bad = compared = 0
+    for name in sorted(done[0] & done[1]):
+        ha, hb = hashes(a, name), hashes(b, name)
+        if not ha and not hb:
+            continue
+        keys = sorted(set(ha) | set(hb), key=str)
+        differ = [k for k in keys if ha.get(k) != hb.get(k)]
+        compared += 1
+        bad += bool(differ)
+        print(f"{name}: {len(keys)} units, {len(differ)} differ" + (f": {differ[:5]}" if differ else ""))
+    if not compared:
+        print("no stage with unit hashes is done in both folders", file=sys.stderr)
+    return 0 if compared and not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
