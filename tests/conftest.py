@@ -1,7 +1,7 @@
 """Suite-wide test set-up (no fixtures the tests name).
 
 gc: the harnesses call gc.collect() several times per run (suite.memory's probe settles before every
-sample, suite.runner and suite.duplex after every session). A full collection walks every object the
+sample, the measure layer after every session). A full collection walks every object the
 cyclic collector tracks, and this process holds torch, transformers, moshi and stepaudio2's module objects
 (~180 000 of them; ~0.2-0.5 s a collection), so the fake-adapter runs of test_suite_runner,
 test_report and test_reproduce_stages spent most of their time in gc.collect(). At the start of each

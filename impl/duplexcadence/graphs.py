@@ -145,7 +145,7 @@ def _new_driver_stream(index: int) -> "torch.cuda.Stream":
     return torch.cuda.ExternalStream(int(raw), device=torch.device("cuda", index))
 
 
-#: The process's stream leases: GraphCache capture streams, suite.duplex's per-session streams.
+#: The process's stream leases: GraphCache capture streams, suite.measure.duplex per-session streams.
 STREAMS = StreamLeases()
 
 

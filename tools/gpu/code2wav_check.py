@@ -186,7 +186,7 @@ def summarize(args, prov, det, build_s, capture_s, units, mismatches, whole_rows
     audio_s = sum(u["frames"] for u in measured) * FRAME_S
     overall = {m: sum(u[f"{m}_ms"] for u in measured) / audio_s if audio_s else None for m in stats}
     return {
-        "what": "Qwen3-Omni Code2Wav, stock vs DuplexCadence (suite/gpu/code2wav_check.py)",
+        "what": "Qwen3-Omni Code2Wav, stock vs DuplexCadence (tools/gpu/code2wav_check.py)",
         "provenance": prov, "determinism": det,
         "params": {"units": args.units, "turn_units": args.turn_units, "warmup_units": args.warmup_units,
                    "depth": args.depth, "dtype": args.dtype, "seed_weights": args.seed,

@@ -1,4 +1,4 @@
-"""Helpers shared by the per-model GPU check scripts (suite/gpu/*_check.py)."""
+"""Helpers shared by the per-model GPU check scripts (tools/gpu/*_check.py)."""
 from __future__ import annotations
 
 import time
