@@ -11,7 +11,8 @@ is counted (`eager_fallbacks`).
 
 `prepare(None)` captures the full-unit turn start, ramp and steady shapes (three flow signatures at conformer /
 DiT lengths P, P + 50, P + 100) and the vocoder blocks they lead to (the block plan repeats from the fourth
-unit): `plan.steady_signatures`; for the workload's 6 s voice that is 3 flow and 12 vocoder graphs. Not in it:
+unit): `plan.steady_signatures`; for the workload's 6 s voice (P = 300) 3 flow and 5 vocoder graphs (their pool
+bytes are measured on CUDA, `stats().graph_bytes`). Not in it:
 units of fewer than 25 tokens (turn starts and ends of short TTS output: flush calls of 8-27 tokens) and the
 final-flush shapes (3-7 tokens, and the vocoder's finalize block), which depend on the counts a turn ends with;
 `prepare(self.signatures(n, final))` captures those as soon as a unit's count is known.

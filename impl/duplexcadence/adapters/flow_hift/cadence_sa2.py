@@ -20,8 +20,10 @@ token2wav.py):
 
 `prepare(None)` captures what the clocks say the next full units need from the session's current state: the
 "dit" steps at DiT lengths up to P + 100 and the first and steady "hift" steps (the caches carry over turns,
-so after the first turn this is the steady pair). Not in it: flush calls (2-27 tokens at a turn's end: "dit"
-of 4-54 frames, "hift" of 12-62), known once a turn's final count is.
+so after the first turn this is the steady pair): for the workload's voice (P = 258) 3 "dit" and 2 "hift"
+graphs, all a 60 s session of full units needs (the DiT cache stops growing at P + 100). Not in it: flush calls
+(2-27 tokens at a turn's end: "dit" of 4-54 frames, "hift" of 12-62), known once a turn's final count is; the
+workload's whole script reaches 12 signatures.
 """
 from __future__ import annotations
 

@@ -50,8 +50,8 @@ CLOCKS = {c.name: c for c in (
 
 #: Layer counts: released, and the reduced configuration of the same classes CI uses (fewer flow layers,
 #: a narrower causal vocoder with the released kernels, rates and history, so every length is the released one).
-RELEASED = {"num_blocks": 6, "num_up_blocks": 4, "dit_depth": 16, "vocoder_channels": 512}
-REDUCED = {"num_blocks": 2, "num_up_blocks": 1, "dit_depth": 2, "vocoder_channels": 64}
+RELEASED = {"num_blocks": 6, "num_up_blocks": 4, "dit_depth": 16, "vocoder_channels": 512, "f0_channels": 512}
+REDUCED = {"num_blocks": 2, "num_up_blocks": 1, "dit_depth": 2, "vocoder_channels": 32, "f0_channels": 64}
 
 # The released flow.yaml (MiniCPM-o-4_5/assets/token2wav/flow.yaml, Step-Audio-2-mini/token2wav/flow.yaml):
 # the constructor contract vLLM-Omni validates it against (_FLOW_CONTRACT), stock_decoders.md 2.3.
@@ -128,7 +128,7 @@ hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
     f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
         num_class: 1
         in_channels: 80
-        cond_channels: 512
+        cond_channels: {f0_channels}
 """
 
 #: Step-Audio 2's HiFT: t2w L45 builds `HiFTGenerator()` with no arguments, so its released configuration is
