@@ -157,3 +157,34 @@ def test_reduced_model_has_small_dit_buffers_of_the_stock_layout_and_never_alloc
     assert shapes == [(2, 2, 2, 8, 1000, 128), (2, 2, 2, 1024, 2), (2, 2, 8, 1000, 128), (2, 2, 1024, 2)]
     assert all(b.stride()[-1] == 1 for b in (cfm.att_cache_buffer, cfm.estimator.att_cache_buffer))
     assert facts.stock_limits(t2w.flow) == (facts.DIT_BUFFER_FRAMES, facts.POSITION_TABLE, facts.NOISE_FRAMES)
+
+
+def test_build_model_names_a_missing_or_bad_spec_key():
+    """build_model's spec errors are ValueErrors naming the key (a missing voice prompt was a bare KeyError)."""
+    from duplexcadence.adapters import flow_hift as fh
+    for spec, key in (({}, "voice_prompt"), ({"variant": "cosyvoice", "voice_prompt": str(VOICE)}, "variant"),
+                      ({"voice_prompt": str(VOICE), "n_timesteps": 17}, "n_timesteps"),
+                      ({"variant": "stepaudio2", "voice_prompt": str(VOICE), "checkpoint": "x"}, "checkpoint")):
+        with pytest.raises(ValueError, match=key):
+            fh.build_model(spec, depth="reduced")
+    with pytest.raises(ValueError, match="depth"):
+        fh.build_model({"voice_prompt": str(VOICE)}, depth="tiny")
+
+
+@pytest.mark.parametrize("name", ["minicpmo45", "stepaudio2_mini"])
+def test_every_released_model_opens_by_name_and_speaks(name):
+    """duplexcadence.runtime.open_model reaches both models of the family (Step-Audio 2 through spec variant
+    "stepaudio2"); stock and cadence sessions opened from it give the same bytes."""
+    from duplexcadence.runtime import MODELS, compare_units, open_model
+    m = open_model(name, depth="reduced", voice_prompt=str(VOICE), prompt_seconds=2.0, n_timesteps=2)
+    assert m.native.spec["variant"] == MODELS[name].spec["variant"]
+    tokens = [torch.randint(0, facts.VOCAB_SIZE, (25,), generator=torch.Generator().manual_seed(u)).tolist()
+              for u in range(2)]
+    outs = {}
+    for mode in ("stock", "cadence"):
+        with m.session(mode, capture="ahead") if mode == "cadence" else m.session(mode) as s:
+            s.start_turn()
+            outs[mode] = [s.speak(t) for t in tokens]
+    for u, (a, b) in enumerate(zip(outs["stock"], outs["cadence"])):
+        compare_units(name, u, a, b)
+    assert outs["stock"][1].samples > 0

@@ -377,3 +377,50 @@ def test_cuda_inline_capture_is_bit_exact_and_replays_from_the_second_turn(cuda_
                 if turn == 1:
                     assert cad.stats().replays - was == len(sigs)
         assert cad.stats().captures > 0 and cad.stats().capture_failures == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture and replay")
+def test_cuda_sessions_on_threads_give_their_own_bytes(cuda_model):
+    """Two cadence sessions speaking on two host threads (one prepared before the threads start: replays; one not:
+    its steps run eagerly under the model's lock) while a third thread opens and closes sessions of the model:
+    every unit of both equals that session run alone, and nothing raises. (Captures stay out of the threaded part:
+    torch.cuda.graph captures in "global" mode, where another thread's device sync during a capture fails.)"""
+    import threading
+
+    def units(s):
+        s.start_turn()
+        return [s.speak(tokens_for(u, 25)).sha256() for u in range(6)]
+
+    sessions = {name: fh.new_session(cuda_model, "cadence") for name in ("prepared", "eager")}
+    sessions["prepared"].prepare()
+    alone = {}
+    for name in sessions:
+        with fh.new_session(cuda_model, "cadence") as s:
+            if name == "prepared":
+                s.prepare()
+            alone[name] = units(s)
+    got, errors, stop = {}, [], threading.Event()
+
+    def speak(name):
+        try:
+            with sessions[name] as s:
+                got[name] = units(s)
+        except Exception as exc:          # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    def churn():
+        try:
+            while not stop.is_set():
+                fh.new_session(cuda_model, "cadence").close()
+        except Exception as exc:          # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=speak, args=(n,)) for n in sessions] + [threading.Thread(target=churn)]
+    for t in threads:
+        t.start()
+    for t in threads[:2]:
+        t.join(300)
+    stop.set()
+    threads[2].join(300)
+    assert not errors, errors
+    assert got == alone

@@ -79,6 +79,22 @@ def test_a_prompt_past_the_dit_buffers_is_one_limit_error_in_both_modes(model, m
                 t2w.stream(tokens_for(u, 28), key)
 
 
+def test_a_real_18_s_prompt_is_one_limit_error_in_both_modes(tmp_path):
+    """An 18 s voice (P = 900 mel frames) would make the DiT caches reach 1050 frames, past the stock 1000-frame
+    buffers (stock failed with a raw shape error on its third call): both modes refuse the session with the
+    same ClockError naming the longest prompt the model takes (850 frames, 17 s)."""
+    import numpy as np
+    import soundfile as sf
+    audio, rate = sf.read(str(VOICES["minicpmo45"]), dtype="float32")
+    long = tmp_path / "long.wav"
+    sf.write(str(long), np.tile(audio, 3)[: 18 * rate], rate)
+    m = fh.build_model({"n_timesteps": 2, "voice_prompt": str(long), "prompt_seconds": None}, depth="reduced")
+    assert m.prompt.mel_frames == 900
+    for mode in fh.MODES:
+        with pytest.raises(ClockError, match=r"900 mel frames.*1050.*1000.*at most 850 frames \(17.00 s\)"):
+            fh.new_session(m, mode)
+
+
 def run(session, units):
     session.start_turn()
     return [session.speak(tokens_for(u, 25)).sha256() for u in range(units)]

@@ -1,15 +1,13 @@
 """The flow-matching DiT + HiFT tails of MiniCPM-o 4.5 and Step-Audio 2 mini: the adapter (duplexcadence.runtime).
 
-Variants (spec "variant"): "minicpmo45" (default; minicpmo-utils==1.0.7 `stepaudio2.Token2wav` with the causal
-HiFT behind `BoundedVocoder`) and "stepaudio2" (the same flow classes and the original HiFT, driven as
-stepfun-ai/Step-Audio2 @ b1bb23c drives them). Modes: "stock" (the upstream code as it ships: stock.py) and
-"cadence" (the same kernels on arena state with graph replay: cadence.py, cadence_sa2.py). Modules: facts
-(cited constants, configuration files, regions and stock limits), plan (the host clocks and every step's
-Signature), build (the stock models, the prompt stand-in), flowstate (the flow's arena state, shared),
-causal_vocoder / hift_graph (each variant's vocoder on the arena), stock, cadence, cadence_sa2.
+Variants (spec "variant"): "minicpmo45" (default; minicpmo-utils==1.0.7 `Token2wav`, causal HiFT) and "stepaudio2"
+(the same flow, the original HiFT, driven as stepfun-ai/Step-Audio2 @ b1bb23c drives them). Modes: "stock"
+(stock.py) and "cadence" (cadence.py, cadence_sa2.py). Modules: facts (constants, configuration, regions, stock
+limits), plan (the host clocks, every step's Signature), build, flowstate, causal_vocoder, hift_graph.
 """
 from __future__ import annotations
 
+from duplexcadence.runtime import use_expandable_segments
 from duplexcadence.session import to_pcm16  # noqa: F401  (duplexcadence.adapters.mimi imports it from here)
 
 from duplexcadence.adapters.flow_hift import build, facts
@@ -20,7 +18,7 @@ from duplexcadence.adapters.flow_hift.plan import script_signatures
 from duplexcadence.adapters.flow_hift.stock import StepAudio2StockSession, StockSession
 
 MODES = ("stock", "cadence")
-#: The session class of each (variant, mode), and the options its cadence session takes.
+#: The session class of each (variant, mode) and the options a cadence session takes.
 SESSIONS = {("minicpmo45", "stock"): StockSession, ("minicpmo45", "cadence"): CadenceSession,
             ("stepaudio2", "stock"): StepAudio2StockSession, ("stepaudio2", "cadence"): StepAudio2CadenceSession}
 OPTIONS = {("minicpmo45", "cadence"): ("graphs", "capture", "strict", "arena_backend", "noise"),
@@ -28,15 +26,11 @@ OPTIONS = {("minicpmo45", "cadence"): ("graphs", "capture", "strict", "arena_bac
 
 
 def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int = 0) -> Model:
-    """The stock model of `spec` with seeded random weights (or spec "checkpoint", a directory in the released
-    layout: MiniCPM-o only) and its voice prompt. spec: "voice_prompt" (a 24 kHz WAV; required), "variant"
-    ("minicpmo45" | "stepaudio2"), "n_timesteps" (Euler steps, 1-16; 10), "prompt_seconds" (the first seconds
-    of the WAV; None: all; default 6.0 for MiniCPM-o, None for Step-Audio 2). depth: "released" | "reduced" (the
-    same classes, fewer layers: facts.REDUCED). Raises ValueError naming a missing or bad key, FileNotFoundError
-    for a missing file."""
-    if not isinstance(spec, dict):
-        raise ValueError(f"spec: expected a dict, got {type(spec).__name__}")
-    variant = spec.get("variant") or "minicpmo45"
+    """The stock model of `spec` with seeded random weights (or "checkpoint", a directory in the released layout:
+    MiniCPM-o only) and its voice prompt. spec: "voice_prompt" (a 24 kHz WAV; required), "variant", "n_timesteps"
+    (Euler steps, 1-16; 10), "prompt_seconds" (None: the whole WAV; default facts.PROMPT_SECONDS). depth:
+    "released" | "reduced" (facts.REDUCED). Raises ValueError naming a missing or bad key, FileNotFoundError."""
+    variant = dict(spec).get("variant") or "minicpmo45"
     if variant not in facts.VARIANTS:
         raise ValueError(f"spec['variant']: expected one of {facts.VARIANTS}, got {variant!r}")
     if depth not in ("released", "reduced"):
@@ -59,42 +53,36 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
 
 
 def new_session(model: Model, mode: str, spec: dict | None = None):
-    """A session on `model` in `mode` ("stock" | "cadence"). spec: cadence options (OPTIONS), under
-    spec["cadence"] (a workload's spec) or at the top level (runtime.OpenModel.session); other top-level keys
-    are the model's and ignored here. Raises ValueError for an unknown mode or option, ClockError for a voice
-    past a stock table, ConcurrencyError for a second live stock session on one model."""
+    """A session on `model` in `mode`. spec: cadence options (OPTIONS) under spec["cadence"] (a workload's spec) or
+    at the top level (runtime.OpenModel.session; other top-level keys are the model's). Raises ValueError for an
+    unknown mode or option, ClockError for a voice past a stock table, ConcurrencyError (stock.py)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    spec = dict(spec or {})
-    names = OPTIONS.get((model.variant, mode), ())
-    options = {k: spec[k] for k in names if k in spec}
+    spec, names = dict(spec or {}), OPTIONS.get((model.variant, mode), ())
     nested = spec.get("cadence", {}) if mode == "cadence" else {}
     unknown = sorted(set(nested) - set(names))
     if unknown:
         raise ValueError(f"spec['cadence']: unknown option(s) {unknown} for a {model.variant} cadence session "
                          f"(expected {list(names)})")
-    return SESSIONS[model.variant, mode](model, **{**options, **nested})
+    return SESSIONS[model.variant, mode](model, **{**{k: spec[k] for k in names if k in spec}, **nested})
 
 
 def for_mode(model: Model, mode: str) -> dict:
-    """For a process that runs sessions of one `mode` only: "cadence" frees the stock DiT cache buffers
-    (build.release_stock_buffers; stock sessions are refused on the model afterwards) and, for Step-Audio 2,
-    turns on the CUDA allocator's expandable segments (its encoder runs eagerly on a length that grows 50
-    frames a unit: runtime.use_expandable_segments). Returns what was done, for the record."""
+    """For a process of one `mode`: "cadence" frees the stock DiT buffers (build.release_stock_buffers; stock
+    sessions are refused afterwards) and, for Step-Audio 2, turns on the CUDA allocator's expandable segments (its
+    encoder runs eagerly on a length that grows every unit). Returns what was done, for the record."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     if mode != "cadence":
         return {}
     done = {"stock_buffers_released_bytes": build.release_stock_buffers(model.t2w)}
     if model.variant == "stepaudio2":
-        from duplexcadence.runtime import use_expandable_segments
         done.update(use_expandable_segments(model.t2w.device))
     return done
 
 
 def oracle_prepare(session, turns) -> dict:
-    """ORACLE (reads the session's future; for reporting beside the real figure only): capture every signature
-    `turns` (each a sequence of token counts per SPEAK unit, the last one final) reach from the session's
-    clocks now. Returns prepare's counters and how many signatures were asked for."""
+    """ORACLE (reads the session's future; reported beside the real figure only): prepare every signature `turns`
+    (token counts per SPEAK unit, each turn's last final) reach from the session's clocks now."""
     sigs = script_signatures(session.clocks(), turns)
     return {**session.prepare(sigs), "signatures": len(sigs)}

@@ -1,28 +1,23 @@
-"""Building the stock tails: MiniCPM-o 4.5's `Token2wav` and Step-Audio 2 mini's `StockToken2wav`, seeded random
-weights or a checkpoint, and the voice-prompt stand-in.
-
-Everything that computes audio is the stock code of minicpmo-utils==1.0.7 (package `stepaudio2`): the flow
-`CausalMaskedDiffWithXvec` (UpsampleConformerEncoderV2 + CausalConditionalCFM/DiT) from the released flow.yaml
-through the stock loader (`stepaudio2.token2wav._load_config`, L28-59), the CosyVoice3 `CausalHiFTGenerator`
-behind `BoundedVocoder` (MiniCPM-o; `load_causal_vocoder`, L62-79) or the original `HiFTGenerator`
-(Step-Audio 2, t2w L45). Step-Audio 2's streaming driver is not installable (it lives in stepfun-ai/Step-Audio2
-@ b1bb23c; read in the history of the fork weedge/Step-Audio2): `StockToken2wav` mirrors its `Token2wav`
-(t2w L25-169) minus the ONNX front end, line for line.
-
-The stock DiT cache buffers: the CFM's [16 steps, 16 layer slots, 2, 8, 1000, 128] and the DiT's
-[16, 2, 8, 1000, 128] (flow_matching.py L35-36, decoder_dit.py L406-407) are written as `buffer[step][:, :, :,
-:L]` and `buffer[layer][:, :, :L]` for the steps and layers in use only, and handed back whole as the stream
-cache. A model with fewer than 16 DiT layers (the reduced CI configuration) gets buffers of the same layout
-with only its Euler steps and layers (the 1000-frame axis, a stock limit, stays): the same kernels on the
-same slices, so the same bytes (tests/test_flow_hift_reference.py compares with a process that builds the
-stock buffers). No build allocates the 16 x 16 buffer before that: construction makes zero-stride
-placeholders (`_placeholder_buffers`), replaced by real buffers before the model is used.
+"""Building the stock tails (MiniCPM-o 4.5's `Token2wav`, Step-Audio 2 mini's `StockToken2wav`), seeded random or
+from a checkpoint, and the voice-prompt stand-in. All that computes audio is minicpmo-utils==1.0.7's `stepaudio2`:
+the flow from the released flow.yaml through `token2wav._load_config` (L28-59), the causal HiFT behind
+`BoundedVocoder` (`load_causal_vocoder` L62-79) or the original `HiFTGenerator` (t2w L45). Step-Audio 2's driver is
+not installable (stepfun-ai/Step-Audio2 @ b1bb23c, read in the fork weedge/Step-Audio2's history): `StockToken2wav`
+mirrors its `Token2wav` (t2w L25-169) minus the ONNX front end.
+The stock DiT cache buffers, CFM [16 steps, 16 layers, 2, 8, 1000, 128] and DiT [16, 2, 8, 1000, 128]
+(flow_matching.py L35-36, decoder_dit.py L406-407), are written for the steps and layers in use only and handed
+back whole as the stream cache: a model of fewer than 16 DiT layers (reduced) gets buffers of the same layout with
+only its steps and layers (the 1000-frame stock limit stays), the same bytes (tests/test_flow_hift_reference.py
+compares with a process on the stock buffers); construction makes zero-stride placeholders, so no build allocates
+the 16 x 16 buffer.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import math
+import string
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -35,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 from duplexcadence import upstream
 from duplexcadence.runtime import model_state
 
-from duplexcadence.adapters.flow_hift import facts
+import duplexcadence.adapters.flow_hift.facts as facts
 
 _STOCK_SHAPES = {(16, 16, 2, 1024, 2), (16, 16, 2, 8, 1000, 128), (16, 2, 8, 1000, 128), (16, 2, 1024, 2)}
 
@@ -45,8 +40,8 @@ def write_config_dir(directory: Path, depth: dict | None = None) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     depth = depth or facts.RELEASED
-    (directory / "flow.yaml").write_text(facts.FLOW_YAML.format(**depth))
-    (directory / "config.yaml").write_text(facts.VOCODER_YAML.format(**depth))
+    (directory / "flow.yaml").write_text(string.Template(facts.FLOW_YAML).substitute(depth))
+    (directory / "config.yaml").write_text(string.Template(facts.VOCODER_YAML).substitute(depth))
     return directory
 
 
@@ -113,13 +108,11 @@ def check_steps(n_timesteps) -> int:
 
 
 def build_token2wav(model_dir=None, *, n_timesteps: int = 10, device="cpu", seed: int = 0, depth=None):
-    """A stock `stepaudio2.token2wav.Token2wav` without its CUDA-only, ONNX-loading `__init__` (L92-134,
-    mirrored attribute for attribute). model_dir: the released layout (facts.CHECKPOINT_FILES; the ONNX
-    tokenizer and speaker model are not read, see `prepare_prompt`), or None for seeded random weights of the
-    released (or `depth`) architecture. The construction-time random tables (`decoder.rand_noise`, the
-    vocoder's `sine_waves` / `rand_ini` / `uv`) come from the global CPU RNG, drawn after
-    `torch.manual_seed(seed)`: stock and cadence sessions share one instance. Raises FileNotFoundError naming
-    missing files, ValueError for a bad n_timesteps."""
+    """A stock `Token2wav` without its CUDA-only, ONNX-loading `__init__` (token2wav.py L92-134, mirrored attribute
+    for attribute) from `model_dir` (the released layout, facts.CHECKPOINT_FILES less the ONNX models) or, for
+    None, seeded random weights of the released (or `depth`) architecture. The construction-time tables
+    (`decoder.rand_noise`, the vocoder's `sine_waves` / `rand_ini` / `uv`) come from the global CPU RNG after
+    `torch.manual_seed(seed)`. Raises FileNotFoundError naming missing files, ValueError for bad n_timesteps."""
     t2w_mod = upstream.stepaudio2()
     check_steps(n_timesteps)
     device = torch.device(device)
@@ -163,9 +156,7 @@ def build_token2wav(model_dir=None, *, n_timesteps: int = 10, device="cpu", seed
 # --- Step-Audio 2 ----------------------------------------------------------------------------------
 def hift_class():
     """The stock original CosyVoice2 HiFTGenerator (flashcosyvoice/modules/hifigan.py)."""
-    upstream.stepaudio2()
-    from stepaudio2.flashcosyvoice.modules.hifigan import HiFTGenerator
-    return HiFTGenerator
+    return importlib.import_module("stepaudio2.flashcosyvoice.modules.hifigan", upstream.stepaudio2()).HiFTGenerator
 
 
 def check_hift_config() -> None:
@@ -325,10 +316,8 @@ def install_prompt(t2w, prompt: Prompt) -> None:
 
 
 def release_stock_buffers(t2w) -> int:
-    """Free the stock DiT cache buffers no cadence session reads (the CFM's and the DiT's; module docstring):
-    they stay as zero-stride tensors of their shapes, so shape reads work and cadence sessions bind arena views
-    over them. For a process that runs only cadence sessions on this model (stock sessions are refused after
-    it). Returns the bytes freed."""
+    """Free the stock DiT cache buffers no cadence session reads: zero-stride tensors of their shapes stay (shape
+    reads work; stock sessions are refused afterwards). For a cadence-only process. Returns the bytes freed."""
     cfm, freed = t2w.flow.decoder, 0
     for mod in (cfm, cfm.estimator):
         for name in ("att_cache_buffer", "cnn_cache_buffer"):
@@ -343,22 +332,17 @@ def release_stock_buffers(t2w) -> int:
 
 
 def clone_recursive(obj):
-    """`tensor.clone()` through dicts, lists and tuples: the duplex demo's `torch_clone_recursive`
-    (MiniCPMO45/utils.py @67abcfd) for its per-voice base caches and turn resets (unified L4398-4410)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
+    """`tensor.clone()` through the cache dicts: the duplex demo's `torch_clone_recursive` (MiniCPMO45/utils.py
+    @67abcfd, which also walks lists) for its per-voice base caches and turn resets (unified L4398-4410)."""
     if isinstance(obj, dict):
         return {k: clone_recursive(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(clone_recursive(v) for v in obj)
-    return obj
+    return obj.clone() if isinstance(obj, torch.Tensor) else obj
 
 
 @dataclass
 class Model:
-    """One stock instance (`Token2wav` or `StockToken2wav`) and its voice prompt (installed in `t2w.cache`),
-    shared by every session opened on it; seed: the weights seed (Step-Audio 2 sessions seed their generator
-    with it)."""
+    """A stock instance (`Token2wav` / `StockToken2wav`) and its installed voice prompt, shared by its sessions;
+    seed: the weights seed (Step-Audio 2 sessions seed their generator with it)."""
     t2w: object
     prompt: Prompt
     spec: dict

@@ -1,32 +1,21 @@
 """MiniCPM-o 4.5's causal vocoder (`BoundedVocoder` over `CausalHiFTGenerator`, minicpmo-utils==1.0.7) on arena
-state, one graph per 16-frame block.
+state, one "vocoder" step per 16-frame block.
 
-Stock (stepaudio2/causal_vocoder/bounded_vocoder.py) keeps its history in a dict of tensors that `torch.cat`
-re-allocates every block, reads its offsets back with `.item()`, gathers the oscillator's noise from a 259 MB
-host table and copies it to the device per block, and `torch.istft` checks its window on the host (a sync).
-Here the same upstream kernels run on arena views:
-
-* regions (sizes from `BoundedVocoder.limits`, L68-84): ``vocoder_mel`` [1, 80, mel_buffer_frames],
-  ``vocoder_source`` [1, 1, source_buffer_frames x 480], ``vocoder_phase`` [1, 1, 9] float64, and the noise
-  staging ``vocoder_noise`` [calls, 16 x 480, 9] (noise "host") or table offsets ``vocoder_noise_base``
-  [calls] int64 (noise "device");
-* the offsets are host clocks (plan.VocoderClock, the arithmetic of `_process` L126-168); every block's
-  lengths and offsets come in its Signature, and the step reads them from there alone;
-* in the step (`block_step`, graph-capturable): `f0_predictor` (L138), `BoundedVocoder._source` (L108-124, the
-  upstream function, called with a stand-in whose noise table returns the staged noise), the source append,
-  `CausalHiFTGenerator.decode` up to its `_istft` call (generator.py L672-706), the in-place history trims
-  (L160-166, `payload.shift_left_`);
-* eager between steps: the mel append, the noise staging, the stock `_istft` (called as the class function:
-  another session's step may hold the instance's `_istft` stand-in), decode's clamp (generator.py L708-711),
-  the slice to fresh samples, and `Token2wav._stream_vocode`'s finiteness check and first-chunk silence
-  (token2wav.py L206-218).
-
-Noise "host" gathers from the host table exactly as stock (`table[:, positions]`) into pinned memory and copies
-it asynchronously into the staging region; "device" copies the table to the device once per model (shared
-by its sessions) and gathers in the step at `(arange + offset) % len`, the same elements. Two constant
-host-to-device copies would block capture: the STFT window (`stft_window.to(x.device)`, generator.py L494,
-L504; a device copy is bound for the step) and `CausalConv1d`'s zero context (`torch.zeros(...).to(x)`,
-convolution.py L179; the step runs with the session's device as torch's default device).
+Stock (causal_vocoder/bounded_vocoder.py) re-allocates its history every block by `torch.cat`, reads offsets back
+with `.item()`, gathers noise from a 259 MB host table per block; `torch.istft` checks its window on the host.
+Here: regions sized from `BoundedVocoder.limits` (L68-84): ``vocoder_mel`` [1, 80, mel_buffer_frames],
+``vocoder_source`` [1, 1, source_buffer_frames x 480], ``vocoder_phase`` [1, 1, 9] float64, the noise staging
+``vocoder_noise`` [calls, 16 x 480, 9] (noise "host") or ``vocoder_noise_base`` [calls] int64 (noise "device");
+the offsets are host clocks (plan.VocoderClock, `_process` L126-168). The step (`block_step`) reads every length
+from its Signature: `f0_predictor` (L138), `BoundedVocoder._source` (L108-124, the upstream function, with a
+stand-in noise table returning the staged noise), the source append, `CausalHiFTGenerator.decode` up to `_istft`
+(generator.py L672-706), the history trims (L160-166). Eager between steps: the mel append, the noise staging,
+the stock `_istft` (as the class function: another session's step may hold the instance's stand-in), decode's
+clamp (L708-711), `Token2wav._stream_vocode`'s finiteness check and first-chunk silence (token2wav.py L206-218).
+Noise "host" gathers as stock (`table[:, positions]`) into pinned memory, copied asynchronously; "device" gathers
+in the step from a device copy made once per model, the same elements. The STFT window (`stft_window.to(x.device)`,
+generator.py L494, L504) is a device copy bound for the step, and `CausalConv1d`'s zero context (convolution.py
+L179) is made on the device (the step runs with it as torch's default device): both would block capture.
 """
 from __future__ import annotations
 
@@ -84,26 +73,26 @@ class ArenaVocoder:
         self.call_index = 0
 
     def declare(self, arena) -> None:
-        arena.declare("vocoder_mel", (1, self.channels, self.mel_cap), torch.float32)
-        arena.declare("vocoder_source", (1, 1, self.src_cap * self.hop), torch.float32)
-        arena.declare("vocoder_phase", (1, 1, self.n_phase), torch.float64)
-        if self.noise == "host":
-            arena.declare("vocoder_noise", (self.calls_max, self.block * self.hop, self.n_phase), torch.float32)
-        else:
-            arena.declare("vocoder_noise_base", (self.calls_max,), torch.int64)
+        f32, staged = torch.float32, (self.calls_max, self.block * self.hop, self.n_phase)
+        self.shapes = {"vocoder_mel": ((1, self.channels, self.mel_cap), f32),
+                       "vocoder_source": ((1, 1, self.src_cap * self.hop), f32),
+                       "vocoder_phase": ((1, 1, self.n_phase), torch.float64),
+                       **({"vocoder_noise": (staged, f32)} if self.noise == "host" else
+                          {"vocoder_noise_base": ((self.calls_max,), torch.int64)})}
+        for name, (shape, dtype) in self.shapes.items():
+            arena.declare(name, shape, dtype)
 
     def attach(self, arena, graphs) -> None:
         self.graphs = graphs
-        self.mel = arena["vocoder_mel"].view((1, self.channels, self.mel_cap))
-        self.src = arena["vocoder_source"].view((1, 1, self.src_cap * self.hop))
-        self.phase = arena["vocoder_phase"].view((1, 1, self.n_phase))
+        views = {name: arena[name].view(shape) for name, (shape, _) in self.shapes.items()}
+        self.mel, self.src, self.phase = views["vocoder_mel"], views["vocoder_source"], views["vocoder_phase"]
         pin = self.device.type == "cuda"
         if self.noise == "host":
-            self.staged = arena["vocoder_noise"].view((self.calls_max, self.block * self.hop, self.n_phase))
+            self.staged = views["vocoder_noise"]
             self.pinned = [torch.empty((1, self.block * self.hop, self.n_phase), pin_memory=pin)
                            for _ in range(self.calls_max)]
         else:
-            self.base = arena["vocoder_noise_base"].view((self.calls_max,))
+            self.base = views["vocoder_noise_base"]
             self.base_host = torch.zeros(self.calls_max, dtype=torch.int64, pin_memory=pin)
             with model_lock(self.t2w):             # once per model and device, shared by its sessions
                 tables = model_state(self.t2w).setdefault("noise_tables", {})

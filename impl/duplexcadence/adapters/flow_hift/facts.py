@@ -1,13 +1,8 @@
-"""Cited facts of the flow-matching DiT + HiFT tails, the released configuration files, and the regions and
-stock limits per variant. Host data only: nothing here builds or runs a model.
-
-Variants: "minicpmo45" (MiniCPM-o 4.5: minicpmo-utils==1.0.7 `stepaudio2.Token2wav.stream`, driven as the
-duplex demo drives it) and "stepaudio2" (Step-Audio 2 mini: the upstream driver of stepfun-ai/Step-Audio2
-@ b1bb23c4fd455dbbce8f1736c721411b3f5cf4c1 over the same installed flow classes and the original HiFT).
-Citations: "unified Lx" = OpenBMB/minicpm-o-4_5-pytorch-simple-demo @c7e1660
-MiniCPMO45/modeling_minicpmo_unified.py; "t2w Lx" / "ex Lx" = Step-Audio2 @ b1bb23c token2wav.py /
-examples-vllm-stream.py; other files are minicpmo-utils 1.0.7's `stepaudio2` package.
-shared/notes/stock_decoders.md sections 2-3 has the details.
+"""Cited facts of the flow-matching DiT + HiFT tails: constants, the released configuration files, the drivers'
+token loops, the regions and the stock tables that bound them per variant (host data only). Citations: "unified
+Lx" = OpenBMB/minicpm-o-4_5-pytorch-simple-demo @c7e1660 MiniCPMO45/modeling_minicpmo_unified.py; "t2w Lx" /
+"ex Lx" = stepfun-ai/Step-Audio2 @ b1bb23c4fd455dbbce8f1736c721411b3f5cf4c1 token2wav.py / examples-vllm-stream.py;
+other files are minicpmo-utils 1.0.7's `stepaudio2` package. shared/notes/stock_decoders.md sections 2-3.
 """
 from __future__ import annotations
 
@@ -23,9 +18,8 @@ SILENCE_TOKEN = 4218         # unified L4408: a MiniCPM-o turn's buffer starts a
 PRE_LOOKAHEAD = 3            # flow.pre_lookahead_len (PreLookaheadLayer); ex L21
 CHUNK_TOKENS = 25            # unified L5446ff CHUNK_SIZE = 25; ex L1 CHUNK_SIZE = 25
 CALL_TOKENS = CHUNK_TOKENS + PRE_LOOKAHEAD      # 28: the longest stream call
-#: The most speech tokens one SPEAK unit carries: unified L5188-5189 runs `tts.generate_chunk(max_new_token=
-#: 25 + 1)`, which returns `new_tokens[:, 0:t]` with t <= max_new_token - 1 (L6835: "the newest token is not
-#: returned"). The workloads' payload format (25 per unit) is this number.
+#: The most speech tokens a SPEAK unit carries: unified L5188 runs `generate_chunk(max_new_token=25 + 1)`, which
+#: returns `new_tokens[:, 0:t]`, t <= max_new_token - 1 (L6835). The workloads' payload format reads this.
 MAX_UNIT_TOKENS = CHUNK_TOKENS
 MIN_CALL_TOKENS = PRE_LOOKAHEAD + 5             # unified loop: `while len(buf) >= pre_lookahead + 5`
 SAMPLE_RATE = 24000
@@ -36,99 +30,53 @@ MEL_CACHE_LEN = 8            # t2w L53: HiFT mel overlap (Step-Audio 2)
 SOURCE_CACHE_LEN = MEL_CACHE_LEN * HOP_SAMPLES  # 3840: t2w L54 (and MiniCPM-o's first-chunk silence, token2wav.py L214)
 PROMPT_SECONDS = {"minicpmo45": 6.0, "stepaudio2": None}   # None: the whole clip
 CHECKPOINT_FILES = ("flow.yaml", "flow.pt", "config.yaml", "hift.pt", "hift_original.pt")   # token2wav.py L100-104
-#: Released stock tables, each a bound on a region (`regions`): CausalConditionalCFM.att_cache_buffer
-#: [16, 16, 2, 8, 1000, 128] and DiT.att_cache_buffer [16, 2, 8, 1000, 128] (flow_matching.py L35-36,
-#: decoder_dit.py L406-407); EspnetRelPositionalEncoding(max_len=5000) (embedding.py L40-47);
-#: rand_noise [1, 80, 50 * 600] (flow_matching.py L33). `stock_limits` reads them from a built model.
+#: The released stock tables, each a region bound (`regions`; `stock_limits` reads them from a model): the DiT
+#: cache buffers' 1000 frames (flow_matching.py L35-36, decoder_dit.py L406-407), the encoder's position table
+#: (EspnetRelPositionalEncoding max_len 5000, embedding.py L40-47), rand_noise's 600 s (flow_matching.py L33).
 DIT_BUFFER_FRAMES, POSITION_TABLE, NOISE_FRAMES = 1000, 5000, 30000
 
-CLOCKS = {c.name: c for c in (
-    Clock("tokens", Fraction(25), "S3 speech tokens"),
-    Clock("mel", Fraction(50), "mel frames (hop 480)"),
-    Clock("samples", Fraction(SAMPLE_RATE), "audio samples"),
-    Clock("vocoder_blocks", Fraction(50, 16), "BoundedVocoder 16-frame blocks"))}
+CLOCKS = {c.name: c for c in (Clock("tokens", Fraction(25), "S3 speech tokens"), Clock("mel", Fraction(50), "mel frames"),
+                               Clock("samples", Fraction(SAMPLE_RATE), "audio samples"))}
 
-#: Layer counts: released, and the reduced configuration of the same classes CI uses (fewer flow layers,
-#: a narrower causal vocoder with the released kernels, rates and history, so every length is the released one).
+#: Released layer counts and the reduced CI configuration of the same classes (fewer flow layers, a narrower
+#: causal vocoder with the released kernels, rates and history: every length is the released one).
 RELEASED = {"num_blocks": 6, "num_up_blocks": 4, "dit_depth": 16, "vocoder_channels": 512, "f0_channels": 512}
 REDUCED = {"num_blocks": 2, "num_up_blocks": 1, "dit_depth": 2, "vocoder_channels": 32, "f0_channels": 64}
 
-# The released flow.yaml (MiniCPM-o-4_5/assets/token2wav/flow.yaml, Step-Audio-2-mini/token2wav/flow.yaml):
-# the constructor contract vLLM-Omni validates it against (_FLOW_CONTRACT), stock_decoders.md 2.3.
+# The released flow.yaml (MiniCPM-o-4_5/assets/token2wav/flow.yaml, Step-Audio-2-mini/token2wav/flow.yaml): the
+# constructor contract vLLM-Omni validates it against (_FLOW_CONTRACT), stock_decoders.md 2.3; string.Template.
 FLOW_YAML = """\
-flow: !new:cosyvoice2.flow.flow.CausalMaskedDiffWithXvec
-    input_size: 512
-    output_size: 80
-    spk_embed_dim: 192
-    output_type: 'mel'
-    vocab_size: 6561
-    encoder: !new:cosyvoice2.transformer.upsample_encoder_v2.UpsampleConformerEncoderV2
-        input_size: 512
-        output_size: 512
-        input_layer: 'linear'
-        pre_lookahead_len: 3
-        num_blocks: {num_blocks}
-        num_up_blocks: {num_up_blocks}
-        up_stride: 2
-        up_scale_factor: 2
-        attention_heads: 8
-        pos_enc_layer_type: 'rel_pos_espnet'
-        selfattention_layer_type: 'rel_selfattn'
-        key_bias: true
-        linear_units: 2048
-        dropout_rate: 0.1
-        positional_dropout_rate: 0.1
-        attention_dropout_rate: 0.1
-        normalize_before: true
-    decoder: !new:cosyvoice2.flow.flow_matching.CausalConditionalCFM
-        inference_cfg_rate: 0.7
-        estimator: !new:cosyvoice2.flow.decoder_dit.DiT
-            in_channels: 320
-            out_channels: 80
-            mlp_ratio: 4.0
-            depth: {dit_depth}
-            num_heads: 8
-            head_dim: 64
-            hidden_size: 512
+flow: !new:cosyvoice2.flow.flow.CausalMaskedDiffWithXvec {
+    input_size: 512, output_size: 80, spk_embed_dim: 192, output_type: 'mel', vocab_size: 6561,
+    encoder: !new:cosyvoice2.transformer.upsample_encoder_v2.UpsampleConformerEncoderV2 {
+        input_size: 512, output_size: 512, input_layer: 'linear', pre_lookahead_len: 3, num_blocks: $num_blocks,
+        num_up_blocks: $num_up_blocks, up_stride: 2, up_scale_factor: 2, attention_heads: 8,
+        pos_enc_layer_type: 'rel_pos_espnet', selfattention_layer_type: 'rel_selfattn', key_bias: true,
+        linear_units: 2048, dropout_rate: 0.1, positional_dropout_rate: 0.1, attention_dropout_rate: 0.1,
+        normalize_before: true},
+    decoder: !new:cosyvoice2.flow.flow_matching.CausalConditionalCFM {
+        inference_cfg_rate: 0.7,
+        estimator: !new:cosyvoice2.flow.decoder_dit.DiT {
+            in_channels: 320, out_channels: 80, mlp_ratio: 4.0, depth: $dit_depth, num_heads: 8, head_dim: 64,
+            hidden_size: 512}}}
 """
 
-# The released config.yaml of the 1.0.7 causal vocoder: CosyVoice3 cosyvoice3.yaml's `hift:` block with the
-# mel front end Token2wav asserts (token2wav.py L62-79); stock_decoders.md 2.5.
+# The released config.yaml of the 1.0.7 causal vocoder: CosyVoice3 cosyvoice3.yaml's `hift:` block with the mel
+# front end Token2wav asserts (token2wav.py L62-79); stock_decoders.md 2.5.
 VOCODER_YAML = """\
 sample_rate: 24000
-feat_extractor: !name:matcha.utils.audio.mel_spectrogram
-    n_fft: 1920
-    num_mels: 80
-    sampling_rate: 24000
-    hop_size: 480
-    win_size: 1920
-    fmin: 0
-    fmax: 8000
-    center: false
-hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
-    in_channels: 80
-    base_channels: {vocoder_channels}
-    nb_harmonics: 8
-    sampling_rate: 24000
-    nsf_alpha: 0.1
-    nsf_sigma: 0.003
-    nsf_voiced_threshold: 10
-    upsample_rates: [8, 5, 3]
-    upsample_kernel_sizes: [16, 11, 7]
-    istft_params:
-        n_fft: 16
-        hop_len: 4
-    resblock_kernel_sizes: [3, 7, 11]
-    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    source_resblock_kernel_sizes: [7, 7, 11]
-    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    lrelu_slope: 0.1
-    audio_limit: 0.99
-    conv_pre_look_right: 4
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
-        num_class: 1
-        in_channels: 80
-        cond_channels: {f0_channels}
+feat_extractor: !name:matcha.utils.audio.mel_spectrogram {
+    n_fft: 1920, num_mels: 80, sampling_rate: 24000, hop_size: 480, win_size: 1920, fmin: 0, fmax: 8000,
+    center: false}
+hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator {
+    in_channels: 80, base_channels: $vocoder_channels, nb_harmonics: 8, sampling_rate: 24000, nsf_alpha: 0.1,
+    nsf_sigma: 0.003, nsf_voiced_threshold: 10, upsample_rates: [8, 5, 3], upsample_kernel_sizes: [16, 11, 7],
+    istft_params: {n_fft: 16, hop_len: 4}, resblock_kernel_sizes: [3, 7, 11],
+    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]], source_resblock_kernel_sizes: [7, 7, 11],
+    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]], lrelu_slope: 0.1, audio_limit: 0.99,
+    conv_pre_look_right: 4,
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor {
+        num_class: 1, in_channels: 80, cond_channels: $f0_channels}}
 """
 
 #: Step-Audio 2's HiFT: t2w L45 builds `HiFTGenerator()` with no arguments, so its released configuration is
@@ -148,14 +96,10 @@ HIFT_REDUCED = dict(HIFT_CONFIG, base_channels=64, resblock_kernel_sizes=[3], re
 
 @dataclass(frozen=True)
 class Variant:
-    """How one variant's driver turns a unit's tokens into stream calls, and what its turns do.
-
-    start_buffer: the token buffer at a turn start (MiniCPM-o: [4218] * 3, unified L4406-4410; Step-Audio 2:
-    empty, ex L5). turn_state: "reset" (MiniCPM-o restores the voice's base caches every turn) or "carried"
-    (Step-Audio 2's caches carry over turns, ex L59, L69). max_advance: the most mel frames one call adds.
-    trims_conformer: MiniCPM-o 1.0.7 trims the conformer cache like the DiT's (token2wav.py L228-247);
-    Step-Audio 2 never does (t2w L137-141 trims the estimator only).
-    """
+    """A variant's driver. start_buffer: the token buffer at a turn start (MiniCPM-o [4218] * 3, unified
+    L4406-4410; Step-Audio 2 empty, ex L5); turn_state: "reset" or "carried" (Step-Audio 2's caches carry over
+    turns, ex L59, L69); max_advance: the most mel frames a call adds; trims_conformer: MiniCPM-o 1.0.7 trims it
+    as the DiT cache (token2wav.py L228-247), Step-Audio 2 never (t2w L137-141 trims the estimator only)."""
     name: str
     start_buffer: tuple
     turn_state: str
@@ -226,16 +170,13 @@ def stock_limits(flow) -> StockLimits:
 
 
 def regions(variant: str, prompt_frames: int, limits: StockLimits) -> list[RegionSpec]:
-    """The flow's regions for a voice of P = `prompt_frames` mel frames, in mel frames along the stock axis.
-
-    conformer_att (layers, 1, 8, L, 128), oldest-first, token-rate layers stored as [cache, cache]:
-    minicpmo45 HeadTail(P, 100, 50) (token2wav.py L228-247); stepaudio2 KeepAll(position table) (never
-    trimmed; a call reads positions of size L + advance). estimator_att (steps, 16, 2, 8, L, 128),
-    newest-first: HeadTail(P, 100, max advance) in both (token2wav.py L220-226, t2w L137-141). Conv caches
-    fixed. Every stock table bounds the regions that reach it: a prompt whose regions would cross one is
-    refused here, before any session runs: ClockError (a LimitError, session_usable False) naming the
-    table and the longest prompt this model takes. ValueError for an odd P (prompts have 2 frames a token).
-    """
+    """The flow's regions for a voice of P mel frames (mel frames along the stock axis). conformer_att
+    (layers, 1, 8, L, 128), oldest-first, token-rate layers as [cache, cache]: minicpmo45 HeadTail(P, 100, 50)
+    (token2wav.py L228-247), stepaudio2 KeepAll(position table) (a call reads L + advance positions).
+    estimator_att (steps, 16, 2, 8, L, 128), newest-first: HeadTail(P, 100, max advance) (token2wav.py L220-226,
+    t2w L137-141). Conv caches fixed. A prompt whose regions would cross a stock table is refused here, before
+    any session runs: ClockError (session_usable False) naming the table and the longest prompt the model takes.
+    ValueError for an odd P."""
     P, v = int(prompt_frames), VARIANT[variant]
     if P % 2 or P < 2:
         raise ValueError(f"prompt_frames: expected an even mel-frame count >= 2 (2 x tokens), got {P}")

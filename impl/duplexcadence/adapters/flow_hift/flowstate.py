@@ -1,42 +1,30 @@
 """The flow's streaming state of one DuplexCadence session in its arena, shared by both variants' sessions.
 
-Regions (sizes from the clocks, facts.regions): conformer_att [layers, 1, 8, <= bound, 128] (declared last:
-on the VMM backend a KeepAll region maps granules only as it grows), estimator_att [steps, slots, 2, 8,
-<= P + 100 + max advance, 128] for the Euler steps in use only, the conv caches, and the DiT's per-step
-scratch [slots, 2, 8, ..., 128] / [slots, 2, 1024, 2]. The stock CFM / DiT write into their module buffers
-`att_cache_buffer` / `cnn_cache_buffer` (flow_matching.py L165-169, decoder_dit.py L575-582); for one step
-those buffers are this session's views (`bound`, through `duplexcadence.bind` under the model's lock), and
-`t_embedder.timestep_embedding` is `DeviceTimestepTable` (decoder_dit.py L177-195 builds its frequency table
-on the host and copies it every call, which blocks capture; the same expression, moved to the device once).
-The stock DiT trim `cat(att[..., :P], att[..., -100:])` (token2wav.py L220-226, t2w L137-141) is an in-place
-`move_tail_`, leaving the stock newest-first layout at a fixed address.
+Regions (sizes from the clocks, facts.regions): conformer_att [layers, 1, 8, <= bound, 128] (declared last: on
+the VMM backend a KeepAll region maps granules as it grows), estimator_att [steps, slots, 2, 8, <= bound, 128]
+for the Euler steps in use only, the conv caches and the DiT's per-step scratch. The stock CFM / DiT write into
+their module buffers (flow_matching.py L165-169, decoder_dit.py L575-582): for one step those are this session's
+views (`bound`: duplexcadence.bind under the model's lock), and `t_embedder.timestep_embedding` is
+`DeviceTimestepTable` (decoder_dit.py L177-195 builds its table on the host and copies it every call, which
+blocks capture). The DiT trim `cat(att[..., :P], att[..., -100:])` (token2wav.py L220-226) is a `move_tail_`.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from duplexcadence import bind
+from duplexcadence.arena import Arena
+from duplexcadence.clocks import KeepAll, Signature
+from duplexcadence.graphs import GraphCache
 from duplexcadence.payload import move_tail_
-from duplexcadence.runtime import model_lock
+from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import SessionStats
 
-from duplexcadence.adapters.flow_hift import facts
-
-
-CAPTURE = ("ahead", "inline")
-
-
-def check_capture(capture) -> bool:
-    """A cadence session's `capture` option: "ahead" (graphs only from `prepare`; the default) or "inline"
-    (capture a step's first occurrence inside `speak`, after one eager run per step family). Returns
-    GraphCache's `inline`; ValueError for anything else."""
-    if capture not in CAPTURE:
-        raise ValueError(f"capture: expected one of {CAPTURE}, got {capture!r}")
-    return capture == "inline"
-
-
+import duplexcadence.adapters.flow_hift.facts as facts
+from duplexcadence.adapters.flow_hift.plan import TokenSession
 class DeviceTimestepTable:
     """`TimestepEmbedder.timestep_embedding(t, dim, max_period)` with its frequency table built once per
     (device, dtype, dim): the host expression of decoder_dit.py L186-195, moved once. Same bytes."""
@@ -58,11 +46,8 @@ class DeviceTimestepTable:
 
 
 class FlowState:
-    """One session's flow regions. Declare with the arena open (`__init__`), `attach()` after `allocate()`.
-
-    t2w: the shared stock model (Token2wav / StockToken2wav); specs: facts.regions by name; n_steps: Euler
-    steps. The DiT's layer slots come from its buffers (16 at the released depth, whatever the DiT depth:
-    the stock caches carry all 16; `build.load_flow` sizes reduced models' buffers to their layers)."""
+    """One session's flow regions over the shared `t2w`, declared in `arena` now (`attach()` after allocate);
+    specs: facts.regions by name. The DiT's layer slots are its buffers' (build.load_flow)."""
 
     def __init__(self, t2w, arena, specs: dict, n_steps: int):
         flow = t2w.flow
@@ -119,26 +104,18 @@ class FlowState:
 
     def set_up(self, prompt_key: str, *owners) -> dict:
         """`t2w.set_stream_cache(prompt_key)` on this session's views (its DiT KV lands in the arena); every
-        attribute it sets on the shared model (`owners`: (object, name) pairs) is put back afterwards.
-        Returns the stream cache dict it made (estimator entries are arena views: copy before the next step)."""
-        keep = [bind.attr(obj, name, getattr(obj, name)) for obj, name in owners]
-        with torch.inference_mode(), self.bound(*keep):
+        attribute it sets on the shared model (`owners`: (object, name) pairs) is put back afterwards. Returns the
+        stream cache it made (estimator entries are arena views)."""
+        with torch.inference_mode(), self.bound(*[bind.attr(obj, name, getattr(obj, name)) for obj, name in owners]):
             self.t2w.set_stream_cache(prompt_key)
-            out = dict(self.t2w.stream_cache)
-        if out["conformer_att_cache"].shape[3] != self.P or out["estimator_att_cache"].shape[4] != self.P:
-            raise RuntimeError(f"set-up caches: expected {self.P} frames, got {tuple(out['conformer_att_cache'].shape)}"
-                               f" / {tuple(out['estimator_att_cache'].shape)}")
-        return out
+            return dict(self.t2w.stream_cache)
 
     def load(self, base: dict) -> None:
         """Copy a voice's stream caches (stock names, estimator entries of the steps in use) into the regions."""
         with torch.inference_mode():
             self.conformer(self.P).copy_(base["conformer_att_cache"])
-            for name, dst in (("estimator_att_cache", self.estimator(self.P)),
-                              ("estimator_cnn_cache", self.views["estimator_cnn"])):
-                src = base[name][: self.n_steps]
-                if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
-                    dst.copy_(src)
+            self.estimator(self.P).copy_(base["estimator_att_cache"][: self.n_steps])   # (may be itself: SA2)
+            self.views["estimator_cnn"].copy_(base["estimator_cnn_cache"][: self.n_steps])
             self.views["conformer_cnn"].copy_(base["conformer_cnn_cache"])
 
     def keep(self, new: dict, Lc: int, trim_conformer: bool) -> None:
@@ -162,24 +139,97 @@ class FlowState:
             move_tail_(self.views["estimator_att"], P, Le, tail, dim=4)
 
 
-def capture_ahead(graphs, signatures, step_for, state, guard=None) -> dict:
-    """Capture `signatures` (GraphCache.capture: recorded, not run) without changing the session. A step family
-    not yet warmed in this process (`graphs.warmed`) first runs once eagerly on the session's state, which is
-    put back afterwards: `state()` gives every live region view; `guard()` wraps the warm-up (Step-Audio 2:
-    a throw-away generator). step_for(sig): the step's zero-argument callable. Returns the counters' change."""
-    before = {k: getattr(graphs.stats, k) for k in SessionStats.COUNTERS}
-    for sig in signatures if graphs.enabled else ():
-        if sig in graphs.entries:
-            continue
-        if graphs.warm_key(sig) not in graphs.warmed:
-            with torch.inference_mode():
-                saved = {k: v.clone() for k, v in state().items()}
-            try:
-                with guard() if guard else torch.inference_mode():
-                    graphs.run(sig, step_for(sig))
-            finally:
+class CadenceBase(TokenSession):
+    """What both cadence sessions share around their FlowState: the arena, the graph cache, static step inputs,
+    prepare / state / stats / close. capture: "ahead" (graphs only from `prepare`; a step without one runs eagerly,
+    counted) or "inline" (a step's first occurrence captured in `speak` after one eager run per step family; the
+    session is then not `concurrent`: a capture fails another thread's device sync). Subclasses declare their
+    regions between `__init__` and `finish` and give `steps` (step names), `step_for(sig)` (a signature's step),
+    `steady()` (prepare(None)'s set), `regions()` and `parts` (attribute names of parts closed with the session)."""
+
+    steps: tuple = ()
+    guard = None                    # a context for warm-up steps (Step-Audio 2: a throw-away generator)
+
+    def __init__(self, model, capture: str, arena_backend: str):
+        if capture not in ("ahead", "inline"):
+            raise ValueError(f"capture: expected 'ahead' or 'inline', got {capture!r}")
+        self.inline = capture == "inline"
+        if self.inline:
+            self.capabilities = dataclasses.replace(self.capabilities, concurrent=False)
+        self.t2w, self.prompt = model.t2w, model.prompt
+        self.device, self.n_steps = torch.device(self.t2w.device), self.t2w.n_timesteps
+        self.specs = {r.name: r for r in facts.regions(self.variant, self.prompt.mel_frames,
+                                                       facts.stock_limits(self.t2w.flow))}
+        self.arena = Arena(self.device, backend=arena_backend, name=self.variant)
+        self.static: dict = {}          # static step inputs (token ids by call size; Step-Audio 2's DiT inputs)
+        self.buffer: list[int] | None = None
+
+    def finish(self, graphs, strict: bool, key) -> None:
+        """Declare the flow regions (conformer last), allocate and map every bounded region (so no step maps memory,
+        never inside a capture; a KeepAll region maps as it grows, in eager code), make the graph cache."""
+        self.flow = FlowState(self.t2w, self.arena, self.specs, self.n_steps)
+        self.arena.allocate()
+        for name, region in self.arena.regions.items():
+            if not isinstance(getattr(self.specs.get(name), "policy", None), KeepAll):
+                self.arena.ensure(region.offset, region.nbytes)
+        self.flow.attach()
+        warmed = model_state(self.t2w).setdefault("warmed", {}).setdefault(key, set())
+        self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=self.arena, warmup=1, warmed=warmed,
+                                 warm_key=lambda sig: sig.step, lock=model_lock(self.t2w), inline=self.inline)
+
+    def token_buffer(self, n: int) -> torch.Tensor:
+        """The static int32 [1, n] token input of n-token calls (copied into before each step)."""
+        if n not in self.static:
+            self.static[n] = torch.zeros((1, n), dtype=torch.int32, device=self.device)
+        return self.static[n]
+
+    def prepare(self, signatures=None) -> dict:
+        """Capture graphs ahead of time (GraphCache.capture: recorded, not run) without changing state or clocks:
+        `signatures` (from `signatures()` / `clocks()`), or None for `steady()` (the module docstrings say what
+        that is). A step family not yet warmed in this process (`graphs.warmed`) first runs once eagerly on the
+        session's state, which is put back afterwards. Returns the counters' change (zeros off CUDA). Raises
+        ValueError for a signature of another step."""
+        self._check_open("prepare")
+        sigs, graphs = list(self.steady() if signatures is None else signatures), self.graphs
+        for sig in sigs:
+            if not isinstance(sig, Signature) or sig.step not in self.steps:
+                raise ValueError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
+        before = {k: getattr(graphs.stats, k) for k in SessionStats.COUNTERS}
+        for sig in sigs if graphs.enabled else ():
+            if sig in graphs.entries:
+                continue
+            if graphs.warm_key(sig) not in graphs.warmed:
                 with torch.inference_mode():
-                    for k, v in state().items():
-                        v.copy_(saved[k])
-        graphs.capture(sig, step_for(sig))
-    return {k: getattr(graphs.stats, k) - before[k] for k in SessionStats.COUNTERS}
+                    saved = {k: v.clone() for k, v in self.regions().items()}
+                try:
+                    with self.guard() if self.guard else torch.inference_mode():
+                        graphs.run(sig, self.step_for(sig))
+                finally:
+                    with torch.inference_mode():
+                        for k, v in self.regions().items():
+                            v.copy_(saved[k])
+            graphs.capture(sig, self.step_for(sig))
+        return {k: getattr(graphs.stats, k) - before[k] for k in SessionStats.COUNTERS}
+
+    def state(self) -> dict:
+        """Region views (stock names, the logical contents), the host clocks and the token buffer."""
+        self._check_open("state")
+        return {**self.regions(), "clocks": self.clock.host(), "buffer": None if self.buffer is None else list(self.buffer)}
+
+    def stats(self) -> SessionStats:
+        self._check_open("stats")
+        return SessionStats.of(units=self.units, graphs=self.graphs, arena=self.arena, arena_backend=self.arena.backend)
+
+    def close(self) -> None:
+        """Drop the graphs, every part's state and the arena now (the shared model stays)."""
+        if self.closed:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.graphs.drop()
+        for name in self.parts:
+            getattr(self, name).close()
+        self.arena.close()
+        self.flow = self.graphs = self.arena = None
+        self.static.clear()
+        self.closed = True

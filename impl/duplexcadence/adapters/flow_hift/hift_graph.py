@@ -1,33 +1,18 @@
-"""Step-Audio 2's HiFT call (t2w L143-162) on arena state, the stock `HiFTGenerator.forward` up to its istft as
-one graphed step ("hift" Signature: plan.py).
+"""Step-Audio 2's HiFT call (t2w L143-162) on arena state: `HiFTGenerator.forward` up to its istft as a "hift" step.
 
-Regions: the HiFT caches of t2w L156-160, the last 8 mel frames ``hift_mel`` [1, 80, 8], 3840 source samples
-``hift_source`` [1, 1, 3840] and 3840 speech samples ``hift_speech`` [1, 3840] (host lengths, 0 before the
-first call), the static HiFT input ``hift_in_mel`` (viewed contiguous [1, 80, T], as stock's concat) and the
-step's outputs ``hift_out_mag`` / ``hift_out_phase`` [1, 9, 120 T + 1] and ``hift_out_source`` [1, 1, <= 3840]
-(same sizes and strides as stock's tensors; read after the replay, so nothing that outlives it is left in the
-session's graph pool). Per call:
-
-* eager, before the step: `concat(cache mel, chunk mel)` (t2w L147) written into ``hift_in_mel``;
-* the step: `hift(mel_in, cache_source)` (hifigan.py L237-249: F0 predictor, the NSF source with its random
-  draws, `decode` L203-232) with the instance's `_istft` bound to a stand-in that hands back decode's
-  (magnitude, phase) (the step ends there; decode's clamp of the placeholder is discarded);
-* eager, after it: the stock `_istft` (torch.istft's NOLA check syncs; called as the class function), decode's
-  clamp (L234), the cross-fade (t2w L152-153, build.fade_in_out) and the cache updates (L156-160).
-
-Two host-to-device copies inside the call would block capture: `stft_window.to(x.device)` in `_stft`
-(hifigan.py L190; a plain CPU attribute) and `torch.FloatTensor([[range(1, harmonic_num + 2)]]).to(f0.device)`
-in `SineGen2.forward` (layers.py L366). Both are constants: during the step `DeviceConstants` answers
-`Tensor.to` of a small CPU tensor onto another device with one device copy per distinct content and arguments,
-kept per model (made by the step family's eager warm-up), the bytes of stock's fresh copy.
-
-Random draws: SineGen2's `torch.rand(..., device=f0.device)` (layers.py L314) and `torch.randn_like` (L378),
-SourceModuleHnNSF2's `torch.randn_like(uv)` (L432), all on the default generator of the HiFT's device (the
-session swaps its own state in: stock.OwnGenerator). Replay consumes it exactly as eager does: a captured RNG
-kernel reads the generator's seed and offset at replay and the graph advances the offset by the total of its
-kernels' increments (ATen/cuda/CUDAGeneratorImpl.h Note [CUDA Graph-safe RNG states] L22-61,
-`replay_prologue` L144; CUDAGraph.cpp `CUDAGraph::replay`; "graphed execution is bitwise identical to eager
-execution as long as RNG ops are enqueued from a single thread"); capture itself draws nothing.
+Regions: the HiFT caches of t2w L156-160 (``hift_mel`` [1, 80, 8], ``hift_source`` [1, 1, 3840], ``hift_speech``
+[1, 3840]; host lengths), the static input ``hift_in_mel`` (viewed [1, 80, T], as stock's concat) and the step's
+outputs ``hift_out_mag`` / ``hift_out_phase`` [1, 9, 120 T + 1], ``hift_out_source`` [1, 1, <= 3840] (as stock's;
+read after the replay, so nothing that outlives it sits in the graph pool). Eager: the mel input (t2w L147); the
+step: `hift(mel_in, cache_source)` (hifigan.py L237-249, `decode` L203-232) with the instance's `_istft` bound to
+a stand-in returning (magnitude, phase); eager: the stock `_istft` (NOLA check; as the class function), decode's
+clamp (L234), the cross-fade (t2w L152-153), the cache updates (L156-160). Constant host-to-device copies
+(`stft_window.to(x.device)`, hifigan.py L190; `torch.FloatTensor([[range(1, harmonic_num + 2)]]).to(f0.device)`,
+layers.py L366) come from `DeviceConstants`, one device copy per content and model. Random draws (layers.py L314,
+L378, L432) use the default generator of the HiFT's device (the session's state: stock.OwnGenerator); a replay
+consumes it as eager does (ATen/cuda/CUDAGeneratorImpl.h Note [CUDA Graph-safe RNG states] L22-61,
+`replay_prologue` L144: "bitwise identical to eager execution as long as RNG ops are enqueued from a single
+thread"); capture draws nothing.
 """
 from __future__ import annotations
 
@@ -37,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from duplexcadence import bind
 from duplexcadence.runtime import model_lock, model_state
 
-from duplexcadence.adapters.flow_hift import facts
+import duplexcadence.adapters.flow_hift.facts as facts
 from duplexcadence.adapters.flow_hift.build import fade_in_out
 
 #: The longest HiFT input: 8 cached mel frames + the longest call (a flush of 27 tokens: 54 frames).
@@ -45,16 +30,13 @@ MAX_FRAMES = facts.MEL_CACHE_LEN + facts.VARIANT["stepaudio2"].max_advance
 
 
 def _arg_key(value):
-    """One `Tensor.to` argument as a key; a tensor argument by device and dtype only (its values are not read)."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.device), str(value.dtype))
-    return repr(value)
+    """A `Tensor.to` argument as a key (a tensor by device and dtype: its values are not read)."""
+    return ("tensor", str(value.device), str(value.dtype)) if isinstance(value, torch.Tensor) else repr(value)
 
 
 class DeviceConstants(TorchFunctionMode):
-    """`Tensor.to` of a CPU tensor of <= `max_numel` elements onto another device returns one cached device copy
-    per distinct (dtype, shape, bytes, arguments); other calls pass through. Raises RuntimeError on a miss while
-    the current CUDA stream captures (the copy would sync): run the step eagerly once first."""
+    """`Tensor.to` of a small CPU tensor onto another device: one cached device copy per (dtype, shape, bytes,
+    arguments); other calls pass through. RuntimeError on a miss while capturing (run the step eagerly first)."""
 
     def __init__(self, cache: dict, max_numel: int = 4096):
         super().__init__()
@@ -81,8 +63,7 @@ class DeviceConstants(TorchFunctionMode):
 
 
 class GraphedHiFT:
-    """One session's HiFT regions (declared in `arena` now; `attach()` after allocate) over the shared
-    build.StockToken2wav `t2w`."""
+    """One session's HiFT regions over the shared build.StockToken2wav (declared now, `attach()` after allocate)."""
 
     def __init__(self, t2w, arena):
         self.t2w, self.hift, self.arena = t2w, t2w.hift, arena
@@ -109,8 +90,7 @@ class GraphedHiFT:
         self.__dict__.clear()
 
     def vocode(self, chunk_mel: torch.Tensor, cp, graphs) -> torch.Tensor:
-        """t2w L143-162 for one call (plan.CallPlan, its "hift" Signature): the flow's mel [1, 80, n] -> speech
-        [1, S] float32 as stock's, the caches updated in the arena."""
+        """t2w L143-162 for one call (plan.CallPlan): the flow's mel [1, 80, n] -> speech [1, S] float32 as stock's."""
         sig, v = cp.steps[1], self.views
         T, lm, lsp = sig.size, sig.get("hift_mel"), cp.before["hift_speech"]
         with torch.inference_mode():
@@ -131,9 +111,8 @@ class GraphedHiFT:
         return speech if cp.call.last_chunk else speech[:, :-facts.SOURCE_CACHE_LEN]
 
     def step(self, sig):
-        """The step of a "hift" Signature: `hift(mel_in, hift_source[..., :ls])` up to decode's `_istft`, its
-        magnitude / phase and the source's last `keep_source` samples written into arena regions (views
-        returned). Reads arena views and the model's device constants only."""
+        """The step of a "hift" Signature: `hift(mel_in, hift_source[..., :ls])` up to decode's `_istft`; magnitude,
+        phase and the source's last `keep_source` samples written into arena regions (their views returned)."""
         T, ls, keep, v = sig.size, sig.get("hift_source"), sig.get("keep_source"), self.views
 
         def run():
@@ -148,14 +127,8 @@ class GraphedHiFT:
                 _, source = self.hift(v["hift_in_mel"][: 80 * T].view(1, 80, T), v["hift_source"][..., :ls])
                 if "out" not in seen:
                     raise RuntimeError("HiFT decode did not reach _istft (hifigan.py L233)")
-                outs = []
-                for t, name in zip(seen["out"], ("hift_out_mag", "hift_out_phase")):
-                    if not t.is_contiguous() or t.numel() > v[name].numel():
-                        raise RuntimeError(f"HiFT istft input {tuple(t.shape)} strides {t.stride()}: expected a "
-                                           f"contiguous tensor of <= {v[name].numel()} elements")
-                    outs.append(v[name].as_strided(t.shape, t.stride()))
-                    outs[-1].copy_(t)
-                tail = v["hift_out_source"][..., :keep]
-                tail.copy_(source[:, :, source.shape[2] - keep:])
-            return outs[0], outs[1], tail
+                mag, phase = (v[name][: t.numel()].view(t.shape).copy_(t)      # contiguous, as stock's
+                              for t, name in zip(seen["out"], ("hift_out_mag", "hift_out_phase")))
+                tail = v["hift_out_source"][..., :keep].copy_(source[:, :, source.shape[2] - keep:])
+            return mag, phase, tail
         return run

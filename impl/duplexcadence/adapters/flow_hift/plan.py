@@ -1,21 +1,18 @@
-"""The host clocks of one session and the signature of every step they imply, from arithmetic alone.
+"""The host clocks of a session and the signature of every step they imply, from arithmetic alone.
 
-`MiniCPMClocks` (MiniCPM-o 4.5) and `StepAudio2Clocks` (Step-Audio 2 mini) are the `ClockState`s of both
-modes of a variant: the token buffer's fill, the conformer / DiT cache lengths and the vocoder's host
-offsets. `plan(size, final)` advances them by one SPEAK unit and returns every stream call with the
-signatures of its steps; a session's `speak` runs exactly these, with these signatures as graph keys, and
-its `clocks()` hands out a copy, so a prediction is what the step will use. No tensor is touched here.
-
-Steps and their signatures (`duplexcadence.clocks.Signature`):
-* "flow" (MiniCPM-o, one per call with tokens): size = tokens of the call (incl. 3 lookahead),
-  lengths conformer_att / estimator_att (mel frames read), exact last_chunk.
-* "vocoder" (MiniCPM-o, one per BoundedVocoder block): size = mel frames the block holds, lengths
-  vocoder_source (source frames held before it), exact: finalize, f0 (F0 input start relative to the mel
-  history, frames skipped), parts (frames of each source call), dec (decoder mel from / to, source from,
-  frames skipped, fresh frames), keep_mel / keep_src (frames dropped from the histories after the block).
-* "dit" (Step-Audio 2, one per call): size = mel frames, lengths estimator_att, exact n_timesteps.
-* "hift" (Step-Audio 2, one per call): size = HiFT input frames (cached + new), lengths hift_mel /
-  hift_source (cached mel frames, source samples), exact keep_source (source samples kept).
+`MiniCPMClocks` / `StepAudio2Clocks` are the `ClockState`s of both modes of a variant (the token buffer's fill,
+the conformer / DiT cache lengths, the vocoder's host offsets); `plan(size, final)` advances them by a SPEAK unit
+and returns its stream calls with their steps' signatures. `speak` runs exactly these with these keys
+(`TokenSession`) and `clocks()` hands out a copy, so a prediction is what the step will use. Steps:
+* "flow" (MiniCPM-o, a call with tokens): size = the call's tokens (incl. 3 lookahead), lengths conformer_att /
+  estimator_att (mel frames read), exact last_chunk.
+* "vocoder" (MiniCPM-o, a BoundedVocoder block): size = mel frames held, lengths vocoder_source (source frames
+  held before it), exact: finalize, f0 (F0 input start in the mel history, frames skipped), parts (frames of each
+  source call), dec (decoder mel from / to, source from, frames skipped, fresh frames), keep_mel / keep_src
+  (frames dropped from the histories after it).
+* "dit" (Step-Audio 2, a call): size = mel frames, lengths estimator_att, exact n_timesteps.
+* "hift" (Step-Audio 2, a call): size = HiFT input frames (cached + new), lengths hift_mel / hift_source (cached
+  mel frames, source samples), exact keep_source (source samples kept).
 """
 from __future__ import annotations
 
@@ -24,16 +21,15 @@ from typing import NamedTuple
 
 from duplexcadence.clocks import ClockError, Signature, signature
 from duplexcadence.errors import InputError
-from duplexcadence.payload import check_int
-from duplexcadence.session import ClockState
+from duplexcadence.payload import check_int, check_tokens
+from duplexcadence.session import ClockState, Session, check_final, unit_output
 
-from duplexcadence.adapters.flow_hift import facts
+import duplexcadence.adapters.flow_hift.facts as facts
 from duplexcadence.adapters.flow_hift.facts import Call
 
 
 class VocoderGeometry(NamedTuple):
-    """BoundedVocoder's fixed sizes (bounded_vocoder.py L40-84): hop, block frames, F0 context, decoder history
-    and lookahead, and the limits its `_observe` checks."""
+    """BoundedVocoder's fixed sizes and the limits its `_observe` checks (bounded_vocoder.py L40-84)."""
     hop: int
     block: int
     f0_left: int
@@ -45,12 +41,12 @@ class VocoderGeometry(NamedTuple):
     f0_max: int
     dec_max: int
 
-    @classmethod
-    def of(cls, bv) -> "VocoderGeometry":
-        lim = bv.limits
-        return cls(bv.hop, bv.block_frames, bv.f0_left, bv.f0_right, bv.history, bv.decoder_right,
-                   lim["mel_buffer_frames"], lim["source_buffer_frames"], lim["f0_input_frames"],
-                   lim["decoder_input_frames"])
+
+def geometry(bv) -> VocoderGeometry:
+    lim = bv.limits
+    return VocoderGeometry(bv.hop, bv.block_frames, bv.f0_left, bv.f0_right, bv.history, bv.decoder_right,
+                           *(lim[k] for k in ("mel_buffer_frames", "source_buffer_frames", "f0_input_frames",
+                                              "decoder_input_frames")))
 
 
 class Block(NamedTuple):
@@ -137,7 +133,7 @@ class CallPlan(NamedTuple):
 
 
 class UnitPlan(NamedTuple):
-    calls: list
+    calls: list        # CallPlan
     rest: int          # where the token buffer left after the unit starts (in buffer + new tokens)
 
 
@@ -164,8 +160,8 @@ class FlowClocks(ClockState):
         ClockError past a declared bound, part-way through: plan on a copy (`copy()`) and keep it on success."""
         if not self.open:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
-        size = check_int("tokens per unit", size, low=0, high=facts.MAX_UNIT_TOKENS)
-        calls, rest = facts.plan_calls(self.variant, self.buffered, size, bool(final))
+        size, final = check_int("tokens per unit", size, low=0, high=facts.MAX_UNIT_TOKENS), check_final(final)
+        calls, rest = facts.plan_calls(self.variant, self.buffered, size, final)
         out = [self._call(c) for c in calls]
         self.buffered, self.open = (0, False) if final else (self.buffered + size - rest, True)
         return UnitPlan(out, rest)
@@ -288,3 +284,39 @@ def script_signatures(clocks: ClockState, turns) -> list[Signature]:
         for k, n in enumerate(counts):
             seen.update(dict.fromkeys(c.unit(n, k == len(counts) - 1)))
     return list(seen)
+
+
+class TokenSession(Session):
+    """The host side of every session of the family: the variant's clocks (`clock`; read them through `clocks()`),
+    the token buffer (`buffer`: ids carried to the next call; None outside a turn), the unit loop."""
+
+    variant = ""
+    units = 0
+
+    def clocks(self) -> FlowClocks:
+        self._check_open("clocks")
+        return self.clock.copy()
+
+    def open_turn(self) -> None:
+        self._check_open("start_turn")
+        self.clock.start_turn()
+        self.buffer = list(facts.VARIANT[self.variant].start_buffer)
+
+    def speak(self, tokens, *, final: bool = False):
+        """One SPEAK unit: <= 25 speech token ids @ 25 Hz -> the float32 waveform @ 24 kHz of the unit's stream
+        calls (facts.plan_calls; concatenated) and its int16 PCM. Raises InputError (bad tokens or final, no open
+        turn, a call the stock code cannot make) or ClockError (a stock table) before anything runs."""
+        self._check_open("speak")
+        final = check_final(final)
+        tokens = check_tokens(tokens, vocab=facts.VOCAB_SIZE, max_count=facts.MAX_UNIT_TOKENS)
+        clock = self.clock.copy()
+        plan = clock.plan(len(tokens), final)
+        buf = self.buffer + tokens
+        waves = self.run_calls(plan, buf)
+        self.clock, self.buffer = clock, (None if final else buf[plan.rest:])
+        self.units += 1
+        return unit_output(waves, calls=[c.call.n for c in plan.calls])
+
+    @abc.abstractmethod
+    def run_calls(self, plan: UnitPlan, buf: list[int]) -> list:
+        """Run the unit's calls (tokens buf[call.start:call.start + call.n]); return their float32 waveforms."""
