@@ -209,6 +209,8 @@ def test_options_and_a_closed_session_are_clear_errors(model):
         fh.new_session(model, "cadence", {"cadence": {"prepare_turns": 0}})
     with pytest.raises(ValueError, match="mode"):
         fh.new_session(model, "fast")
+    with fh.new_session(model, "cadence", {"capture": "inline"}) as inline:    # speak may capture: not concurrent
+        assert inline.capabilities.concurrent is False and fh.CadenceSession.capabilities.concurrent is True
     s = fh.new_session(model, "cadence")
     with pytest.raises(ValueError, match="Signatures"):
         s.prepare([("flow", 28)])

@@ -140,6 +140,9 @@ def test_position_table_limit_rejected_in_both_modes_before_any_change(model, mo
 
 
 def test_bad_input_leaves_state_unchanged(model):
+    for spec, match in (({"cadence": {"graphs": "dit+hift"}}, "graphs"), ({"cadence": {"noise": "host"}}, "noise")):
+        with pytest.raises(ValueError, match=match):            # the DiT and HiFT are always routed steps now
+            fh.new_session(model, "cadence", spec)
     with fh.new_session(model, "cadence") as cad:
         with pytest.raises(InputError, match="no open turn"):
             cad.speak([1, 2, 3])

@@ -167,6 +167,8 @@ class CadenceBase(TokenSession):
     def finish(self, graphs, strict: bool, key) -> None:
         """Declare the flow regions (conformer last), allocate and map every bounded region (so no step maps memory,
         never inside a capture; a KeepAll region maps as it grows, in eager code), make the graph cache."""
+        if graphs not in (None, True, False):
+            raise ValueError(f"graphs: expected None (on CUDA), True or False, got {graphs!r}")
         self.flow = FlowState(self.t2w, self.arena, self.specs, self.n_steps)
         self.arena.allocate()
         for name, region in self.arena.regions.items():

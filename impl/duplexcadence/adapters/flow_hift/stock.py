@@ -33,15 +33,13 @@ _GENERATOR = threading.RLock()
 
 
 class OwnGenerator:
-    """One session's state of the default generator of `device`, seeded with `seed` without changing the global one.
+    """One session's state of the default generator of `device`, seeded with `seed` (a fresh generator's state).
     `use()` swaps it in for a `with` body and keeps what the body drew; `scratch()` swaps in a copy, discarded after
     (warm-ups). Both raise ConcurrencyError at entry while another thread is inside one (the generator is global)."""
 
     def __init__(self, device, seed: int):
         self.device = torch.device(device)
-        with self._swapped(None):
-            self._default().manual_seed(seed)
-            self.state = self._default().get_state()
+        self.state = torch.Generator(self.device).manual_seed(seed).get_state()   # the default's format
 
     def _default(self):
         if self.device.type != "cuda":
@@ -57,8 +55,7 @@ class OwnGenerator:
         gen = self._default()
         saved = gen.get_state()
         try:
-            if state is not None:
-                gen.set_state(state)
+            gen.set_state(state)
             yield
         finally:
             if keep:
