@@ -24,6 +24,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import synthetic_checkpoint as sc  # noqa: E402  (tests/ is on sys.path under pytest)
 from torch_threads import torch_threads  # noqa: E402
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
+from duplexcadence.adapters.flow_hift import build, facts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "reference" / "minicpmo_reference.py"
@@ -38,11 +39,17 @@ EXPECTED_CALLS = [[[28], [8, 3]], [[7]]]
 
 def script() -> list[list[list[int]]]:
     gen = torch.Generator().manual_seed(2024)
-    return [[torch.randint(0, fh.VOCAB_SIZE, (n,), generator=gen).tolist() for n in turn] for turn in UNIT_TOKENS]
+    return [[torch.randint(0, facts.VOCAB_SIZE, (n,), generator=gen).tolist() for n in turn] for turn in UNIT_TOKENS]
 
 
 def run_session(session, turns) -> list[dict]:
     units = []
+    with session:
+        _run(session, turns, units)
+    return units
+
+
+def _run(session, turns, units) -> None:
     for turn in turns:
         session.start_turn()
         for i, tokens in enumerate(turn):
@@ -50,7 +57,6 @@ def run_session(session, turns) -> list[dict]:
             f32, pcm = out.sha256()
             units.append({"calls": out.info["calls"], "samples": out.samples, "sha256_f32": f32,
                           "sha256_pcm16": pcm})
-    return units
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -64,7 +70,7 @@ def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("reference")
     checkpoint = work / "ckpt"
     sc.write_checkpoint(checkpoint, seed=5)
-    prompt = fh.prepare_prompt(VOICE, seconds=2.0)
+    prompt = build.prepare_prompt(VOICE, seconds=2.0)
     torch.save({"tokens": prompt.tokens, "spk": prompt.spk, "mel": prompt.mel}, work / "prompt.pt")
     turns = script()
     (work / "script.json").write_text(json.dumps({"turns": turns}))

@@ -1,5 +1,6 @@
-"""MiniCPM-o 4.5 tail: loading a checkpoint directory in the released layout (minicpmo-utils 1.0.7's
-Token2wav files, token2wav.py L100-104, less the two ONNX models) through flow_hift.build_token2wav.
+"""flow_hift.build: loading a MiniCPM-o 4.5 checkpoint directory in the released layout (minicpmo-utils 1.0.7's
+Token2wav files, token2wav.py L100-104, less the two ONNX models) through build_token2wav, and the stock DiT
+cache buffers of a reduced-depth model (same layout, its steps and layers only, never the 16 x 16 buffer).
 
 The checkpoint is synthetic and reduced-depth, written by tests/synthetic_checkpoint.py from the committed
 key/shape manifest tests/data/flow_hift_manifest.json, independently of the loader's code. Expected values
@@ -19,7 +20,8 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import synthetic_checkpoint as sc  # noqa: E402  (tests/ is on sys.path under pytest)
 from torch_threads import torch_threads  # noqa: E402
-from duplexcadence.adapters import flow_hift as fh  # noqa: E402
+from duplexcadence.adapters.flow_hift import build, facts  # noqa: E402
+from duplexcadence.adapters.flow_hift.stock import StockSession  # noqa: E402
 
 VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / "ljspeech_LJ001-0001_24k.wav"
 FILES = sc.TEXT_FILES + sc.TENSOR_FILES
@@ -41,7 +43,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def t2w(checkpoint):
-    return fh.build_token2wav(model_dir=checkpoint[0], n_timesteps=2, device="cpu")
+    return build.build_token2wav(model_dir=checkpoint[0], n_timesteps=2, device="cpu")
 
 
 def assert_state_equal(module: torch.nn.Module, written: dict, what: str, float64: str | None = None) -> None:
@@ -77,10 +79,11 @@ def test_every_written_tensor_is_loaded(checkpoint, t2w):
 
 
 def test_first_unit_of_a_turn_gives_one_second(t2w):
-    prompt = fh.prepare_prompt(VOICE, seconds=2.0)
-    session = fh.StockSession(t2w, prompt)
+    prompt = build.prepare_prompt(VOICE, seconds=2.0)
+    build.install_prompt(t2w, prompt)
+    session = StockSession(build.Model(t2w, prompt, {}, "minicpmo45", 0))
     session.start_turn()
-    tokens = torch.randint(0, fh.VOCAB_SIZE, (25,), generator=torch.Generator().manual_seed(4)).tolist()
+    tokens = torch.randint(0, facts.VOCAB_SIZE, (25,), generator=torch.Generator().manual_seed(4)).tolist()
     out = session.speak(tokens)
     assert out.info["calls"] == [28]                       # [4218]*3 + 25 new tokens
     assert out.waveform.dtype == np.float32 and out.samples == 24000
@@ -88,6 +91,7 @@ def test_first_unit_of_a_turn_gives_one_second(t2w):
     assert not out.waveform[:3840].any()
     assert np.isfinite(out.waveform).all() and np.abs(out.waveform[3840:]).max() > 1e-3
     assert out.pcm16.dtype == np.dtype("<i2") and out.pcm16.shape == (24000,)
+    session.close()
 
 
 @pytest.mark.parametrize("missing", FILES + ("directory",))
@@ -97,7 +101,7 @@ def test_missing_file_is_named(tmp_path, missing):
             (tmp_path / name).write_bytes(b"")
     model_dir = tmp_path / "absent" if missing == "directory" else tmp_path
     with pytest.raises(FileNotFoundError, match=re.escape("absent" if missing == "directory" else missing)):
-        fh.build_token2wav(model_dir=model_dir, n_timesteps=2, device="cpu")
+        build.build_token2wav(model_dir=model_dir, n_timesteps=2, device="cpu")
 
 
 @pytest.mark.parametrize("file,key,defect", [
@@ -117,4 +121,70 @@ def test_checkpoint_defects_raise_naming_the_key(checkpoint, tmp_path, file, key
     torch.save(state, tmp_path / file)
     message = "Missing key(s)" if defect == "missing" else "size mismatch"
     with pytest.raises(RuntimeError, match=re.escape(message) + ".*" + re.escape(key)):
-        fh.build_token2wav(model_dir=tmp_path, n_timesteps=2, device="cpu")
+        build.build_token2wav(model_dir=tmp_path, n_timesteps=2, device="cpu")
+
+
+class _BigAllocs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every tensor an op makes of at least `threshold` elements (views excepted)."""
+
+    def __init__(self, threshold):
+        super().__init__()
+        self.threshold, self.big = threshold, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not getattr(func, "is_view", False):
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor) and t.numel() >= self.threshold:
+                    self.big.append((str(func), tuple(t.shape)))
+        return out
+
+
+def test_reduced_model_has_small_dit_buffers_of_the_stock_layout_and_never_allocates_the_stock_one():
+    """A 2-layer DiT with 2 Euler steps gets CFM buffers [2, 2, 2, 8, 1000, 128] / [2, 2, 2, 1024, 2] and DiT
+    buffers [2, 2, 8, 1000, 128] / [2, 2, 1024, 2] (the frame axis, a stock limit, kept); building it never makes
+    a tensor of the stock 16 x 16 buffer's size (the detector is shown to see one on the meta device first)."""
+    stock = 16 * 16 * 2 * 8 * 1000 * 128
+    with _BigAllocs(stock) as control:
+        torch.zeros(16, 16, 2, 8, 1000, 128, device="meta")
+    assert control.big
+    with _BigAllocs(stock) as spy:
+        t2w = build.build_token2wav(n_timesteps=2, device="cpu", depth=facts.REDUCED)
+    assert spy.big == []
+    cfm = t2w.flow.decoder
+    shapes = [tuple(b.shape) for b in (cfm.att_cache_buffer, cfm.cnn_cache_buffer, cfm.estimator.att_cache_buffer,
+                                       cfm.estimator.cnn_cache_buffer)]
+    assert shapes == [(2, 2, 2, 8, 1000, 128), (2, 2, 2, 1024, 2), (2, 2, 8, 1000, 128), (2, 2, 1024, 2)]
+    assert all(b.stride()[-1] == 1 for b in (cfm.att_cache_buffer, cfm.estimator.att_cache_buffer))
+    assert facts.stock_limits(t2w.flow) == (facts.DIT_BUFFER_FRAMES, facts.POSITION_TABLE, facts.NOISE_FRAMES)
+
+
+def test_build_model_names_a_missing_or_bad_spec_key():
+    """build_model's spec errors are ValueErrors naming the key (a missing voice prompt was a bare KeyError)."""
+    from duplexcadence.adapters import flow_hift as fh
+    for spec, key in (({}, "voice_prompt"), ({"variant": "cosyvoice", "voice_prompt": str(VOICE)}, "variant"),
+                      ({"voice_prompt": str(VOICE), "n_timesteps": 17}, "n_timesteps"),
+                      ({"variant": "stepaudio2", "voice_prompt": str(VOICE), "checkpoint": "x"}, "checkpoint")):
+        with pytest.raises(ValueError, match=key):
+            fh.build_model(spec, depth="reduced")
+    with pytest.raises(ValueError, match="depth"):
+        fh.build_model({"voice_prompt": str(VOICE)}, depth="tiny")
+
+
+@pytest.mark.parametrize("name", ["minicpmo45", "stepaudio2_mini"])
+def test_every_released_model_opens_by_name_and_speaks(name):
+    """duplexcadence.runtime.open_model reaches both models of the family (Step-Audio 2 through spec variant
+    "stepaudio2"); stock and cadence sessions opened from it give the same bytes."""
+    from duplexcadence.runtime import MODELS, compare_units, open_model
+    m = open_model(name, depth="reduced", voice_prompt=str(VOICE), prompt_seconds=2.0, n_timesteps=2)
+    assert m.native.spec["variant"] == MODELS[name].spec["variant"]
+    tokens = [torch.randint(0, facts.VOCAB_SIZE, (25,), generator=torch.Generator().manual_seed(u)).tolist()
+              for u in range(2)]
+    outs = {}
+    for mode in ("stock", "cadence"):
+        with m.session(mode, capture="ahead") if mode == "cadence" else m.session(mode) as s:
+            s.start_turn()
+            outs[mode] = [s.speak(t) for t in tokens]
+    for u, (a, b) in enumerate(zip(outs["stock"], outs["cadence"])):
+        compare_units(name, u, a, b)
+    assert outs["stock"][1].samples > 0

@@ -1,0 +1,237 @@
+"""The flow's streaming state of one DuplexCadence session in its arena, shared by both variants' sessions.
+
+Regions (sizes from the clocks, facts.regions): conformer_att [layers, 1, 8, <= bound, 128] (declared last: on
+the VMM backend a KeepAll region maps granules as it grows), estimator_att [steps, slots, 2, 8, <= bound, 128]
+for the Euler steps in use only, the conv caches and the DiT's per-step scratch. The stock CFM / DiT write into
+their module buffers (flow_matching.py L165-169, decoder_dit.py L575-582): for one step those are this session's
+views (`bound`: duplexcadence.bind under the model's lock), and `t_embedder.timestep_embedding` is
+`DeviceTimestepTable` (decoder_dit.py L177-195 builds its table on the host and copies it every call, which
+blocks capture). The DiT trim `cat(att[..., :P], att[..., -100:])` (token2wav.py L220-226) is a `move_tail_`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from duplexcadence import bind
+from duplexcadence.arena import Arena
+from duplexcadence.clocks import KeepAll, Signature
+from duplexcadence.graphs import GraphCache
+from duplexcadence.payload import move_tail_
+from duplexcadence.runtime import model_lock, model_state
+from duplexcadence.session import SessionStats
+
+import duplexcadence.adapters.flow_hift.facts as facts
+from duplexcadence.adapters.flow_hift.plan import TokenSession
+class DeviceTimestepTable:
+    """`TimestepEmbedder.timestep_embedding(t, dim, max_period)` with its frequency table built once per
+    (device, dtype, dim): the host expression of decoder_dit.py L186-195, moved once. Same bytes."""
+
+    def __init__(self):
+        self.tables = {}
+
+    def __call__(self, t, dim, max_period=10000):
+        half = dim // 2
+        key = (t.device, t.dtype, dim, max_period)
+        freqs = self.tables.get(key)
+        if freqs is None:
+            freqs = self.tables[key] = torch.exp(-math.log(max_period) * torch.arange(start=0, end=half) / half).to(t)
+        args = t[:, None] * freqs[None]
+        embedding = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        if dim % 2:
+            embedding = torch.cat([embedding, torch.zeros_like(embedding[:, :1])], dim=-1)
+        return embedding
+
+
+class FlowState:
+    """One session's flow regions over the shared `t2w`, declared in `arena` now (`attach()` after allocate);
+    specs: facts.regions by name. The DiT's layer slots are its buffers' (build.load_flow)."""
+
+    def __init__(self, t2w, arena, specs: dict, n_steps: int):
+        flow = t2w.flow
+        self.t2w, self.arena, self.n_steps, self.P = t2w, arena, n_steps, specs["estimator_att"].initial
+        self.token_layers = len(flow.encoder.encoders)
+        self.layers = self.token_layers + len(flow.encoder.up_encoders)
+        self.slots = flow.decoder.estimator.att_cache_buffer.shape[0]
+        self.dtype = next(flow.parameters()).dtype
+        self.Le_max = specs["estimator_att"].policy.bound()
+        self.Lc_max = specs["conformer_att"].policy.bound()
+        s, e = self.n_steps, self.slots
+        self.shapes = {"estimator_att": (s, e, 2, 8, self.Le_max, 128), "estimator_cnn": (s, e, 2, 1024, 2),
+                       "conformer_cnn": (1, 512, 6), "dit_att_scratch": (e, 2, 8, self.Le_max, 128),
+                       "dit_cnn_scratch": (e, 2, 1024, 2), "conformer_att": (self.layers, 1, 8, self.Lc_max, 128)}
+        for name, shape in self.shapes.items():
+            arena.declare(name, shape, self.dtype)
+        self.timestep = DeviceTimestepTable()
+        self.views = {}
+
+    def attach(self) -> None:
+        for name in ("estimator_att", "estimator_cnn", "conformer_cnn", "dit_att_scratch", "dit_cnn_scratch"):
+            self.views[name] = self.arena[name].view(self.shapes[name])
+        dit = self.t2w.flow.decoder.estimator
+        self.timestep(torch.zeros(2, device=self.arena.device, dtype=self.dtype), dit.t_embedder.frequency_embedding_size)
+
+    def conformer(self, L: int) -> torch.Tensor:
+        """The conformer KV cache as stock holds it: contiguous [layers, 1, 8, L, 128] (maps VMM granules)."""
+        return self.arena["conformer_att"].view((self.layers, 1, 8, L, 128))
+
+    def estimator(self, L: int) -> torch.Tensor:
+        """The DiT KV cache of the steps in use: [steps, slots, 2, 8, L, 128], a slice as stock's is."""
+        return self.views["estimator_att"][:, :, :, :, :L, :]
+
+    def cache(self, Lc: int, Le: int) -> dict:
+        """The stream cache `inference_chunk` takes (flow.py L172-229), on arena views."""
+        return {"conformer_cnn_cache": self.views["conformer_cnn"], "conformer_att_cache": self.conformer(Lc),
+                "estimator_cnn_cache": self.views["estimator_cnn"], "estimator_att_cache": self.estimator(Le)}
+
+    def state(self, Lc: int, Le: int) -> dict:
+        return {"conformer_att": self.conformer(Lc), "estimator_att": self.estimator(Le),
+                "conformer_cnn": self.views["conformer_cnn"], "estimator_cnn": self.views["estimator_cnn"]}
+
+    def bound(self, *extra: bind.Patch):
+        """The CFM / DiT buffers and the timestep table pointed at this session for the body (plus `extra`),
+        under the model's lock."""
+        cfm = self.t2w.flow.decoder
+        dit, v = cfm.estimator, self.views
+        return bind.bound(bind.buffer(cfm, "att_cache_buffer", v["estimator_att"]),
+                          bind.buffer(cfm, "cnn_cache_buffer", v["estimator_cnn"]),
+                          bind.buffer(dit, "att_cache_buffer", v["dit_att_scratch"]),
+                          bind.buffer(dit, "cnn_cache_buffer", v["dit_cnn_scratch"]),
+                          bind.attr(dit.t_embedder, "timestep_embedding", self.timestep), *extra,
+                          lock=model_lock(self.t2w))
+
+    def set_up(self, prompt_key: str, *owners) -> dict:
+        """`t2w.set_stream_cache(prompt_key)` on this session's views (its DiT KV lands in the arena); every
+        attribute it sets on the shared model (`owners`: (object, name) pairs) is put back afterwards. Returns the
+        stream cache it made (estimator entries are arena views)."""
+        with torch.inference_mode(), self.bound(*[bind.attr(obj, name, getattr(obj, name)) for obj, name in owners]):
+            self.t2w.set_stream_cache(prompt_key)
+            return dict(self.t2w.stream_cache)
+
+    def load(self, base: dict) -> None:
+        """Copy a voice's stream caches (stock names, estimator entries of the steps in use) into the regions."""
+        with torch.inference_mode():
+            self.conformer(self.P).copy_(base["conformer_att_cache"])
+            self.estimator(self.P).copy_(base["estimator_att_cache"][: self.n_steps])   # (may be itself: SA2)
+            self.views["estimator_cnn"].copy_(base["estimator_cnn_cache"][: self.n_steps])
+            self.views["conformer_cnn"].copy_(base["conformer_cnn_cache"])
+
+    def keep(self, new: dict, Lc: int, trim_conformer: bool) -> None:
+        """After `inference_chunk`: its grown conformer cache (a fresh tensor) into the region (trimmed as
+        Token2wav._trim_conformer_cache L228-247 when `trim_conformer`: prompt + last 100 mel frames, token-rate
+        layers at token rate, repacked as [cache, cache]), its conv cache, and the DiT trim in place."""
+        conf, L = new["conformer_att_cache"], new["conformer_att_cache"].shape[3]
+        P, tail, d = self.P, facts.TAIL_FRAMES, self.token_layers
+        if not trim_conformer or L <= P + tail:
+            self.conformer(L).copy_(conf)
+        else:
+            out, half, lhalf = self.conformer(P + tail), (P + tail) // 2, L // 2
+            out[:d, :, :, : P // 2].copy_(conf[:d, :, :, : P // 2])
+            out[:d, :, :, P // 2: half].copy_(conf[:d, :, :, lhalf - tail // 2: lhalf])
+            out[:d, :, :, half:].copy_(out[:d, :, :, :half])
+            out[d:, :, :, :P].copy_(conf[d:, :, :, :P])
+            out[d:, :, :, P:].copy_(conf[d:, :, :, L - tail:])
+        self.views["conformer_cnn"].copy_(new["conformer_cnn_cache"])
+        Le = new["estimator_att_cache"].shape[4]
+        if Le > P + tail:
+            move_tail_(self.views["estimator_att"], P, Le, tail, dim=4)
+
+
+class CadenceBase(TokenSession):
+    """What both cadence sessions share around their FlowState: the arena, the graph cache, static step inputs,
+    prepare / state / stats / close. capture: "ahead" (graphs only from `prepare`; a step without one runs eagerly,
+    counted) or "inline" (a step's first occurrence captured in `speak` after one eager run per step family; the
+    session is then not `concurrent`: a capture fails another thread's device sync). Subclasses declare their
+    regions between `__init__` and `finish` and give `steps` (step names), `step_for(sig)` (a signature's step),
+    `steady()` (prepare(None)'s set), `regions()` and `parts` (attribute names of parts closed with the session)."""
+
+    steps: tuple = ()
+    guard = None                    # a context for warm-up steps (Step-Audio 2: a throw-away generator)
+
+    def __init__(self, model, capture: str, arena_backend: str):
+        if capture not in ("ahead", "inline"):
+            raise ValueError(f"capture: expected 'ahead' or 'inline', got {capture!r}")
+        self.inline = capture == "inline"
+        if self.inline:
+            self.capabilities = dataclasses.replace(self.capabilities, concurrent=False)
+        self.t2w, self.prompt = model.t2w, model.prompt
+        self.device, self.n_steps = torch.device(self.t2w.device), self.t2w.n_timesteps
+        self.specs = {r.name: r for r in facts.regions(self.variant, self.prompt.mel_frames,
+                                                       facts.stock_limits(self.t2w.flow))}
+        self.arena = Arena(self.device, backend=arena_backend, name=self.variant)
+        self.static: dict = {}          # static step inputs (token ids by call size; Step-Audio 2's DiT inputs)
+        self.buffer: list[int] | None = None
+
+    def finish(self, graphs, strict: bool, key) -> None:
+        """Declare the flow regions (conformer last), allocate and map every bounded region (so no step maps memory,
+        never inside a capture; a KeepAll region maps as it grows, in eager code), make the graph cache."""
+        if graphs not in (None, True, False):
+            raise ValueError(f"graphs: expected None (on CUDA), True or False, got {graphs!r}")
+        self.flow = FlowState(self.t2w, self.arena, self.specs, self.n_steps)
+        self.arena.allocate()
+        for name, region in self.arena.regions.items():
+            if not isinstance(getattr(self.specs.get(name), "policy", None), KeepAll):
+                self.arena.ensure(region.offset, region.nbytes)
+        self.flow.attach()
+        warmed = model_state(self.t2w).setdefault("warmed", {}).setdefault(key, set())
+        self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=self.arena, warmup=1, warmed=warmed,
+                                 warm_key=lambda sig: sig.step, lock=model_lock(self.t2w), inline=self.inline)
+
+    def token_buffer(self, n: int) -> torch.Tensor:
+        """The static int32 [1, n] token input of n-token calls (copied into before each step)."""
+        if n not in self.static:
+            self.static[n] = torch.zeros((1, n), dtype=torch.int32, device=self.device)
+        return self.static[n]
+
+    def prepare(self, signatures=None) -> dict:
+        """Capture graphs ahead of time (GraphCache.capture: recorded, not run) without changing state or clocks:
+        `signatures` (from `signatures()` / `clocks()`), or None for `steady()` (the module docstrings say what
+        that is). A step family not yet warmed in this process (`graphs.warmed`) first runs once eagerly on the
+        session's state, which is put back afterwards. Returns the counters' change (zeros off CUDA). Raises
+        ValueError for a signature of another step."""
+        self._check_open("prepare")
+        sigs, graphs = list(self.steady() if signatures is None else signatures), self.graphs
+        for sig in sigs:
+            if not isinstance(sig, Signature) or sig.step not in self.steps:
+                raise ValueError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
+        before = {k: getattr(graphs.stats, k) for k in SessionStats.COUNTERS}
+        for sig in sigs if graphs.enabled else ():
+            if sig in graphs.entries:
+                continue
+            if graphs.warm_key(sig) not in graphs.warmed:
+                with torch.inference_mode():
+                    saved = {k: v.clone() for k, v in self.regions().items()}
+                try:
+                    with self.guard() if self.guard else torch.inference_mode():
+                        graphs.run(sig, self.step_for(sig))
+                finally:
+                    with torch.inference_mode():
+                        for k, v in self.regions().items():
+                            v.copy_(saved[k])
+            graphs.capture(sig, self.step_for(sig))
+        return {k: getattr(graphs.stats, k) - before[k] for k in SessionStats.COUNTERS}
+
+    def state(self) -> dict:
+        """Region views (stock names, the logical contents), the host clocks and the token buffer."""
+        self._check_open("state")
+        return {**self.regions(), "clocks": self.clock.host(), "buffer": None if self.buffer is None else list(self.buffer)}
+
+    def stats(self) -> SessionStats:
+        self._check_open("stats")
+        return SessionStats.of(units=self.units, graphs=self.graphs, arena=self.arena, arena_backend=self.arena.backend)
+
+    def close(self) -> None:
+        """Drop the graphs, every part's state and the arena now (the shared model stays)."""
+        if self.closed:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.graphs.drop()
+        for name in self.parts:
+            getattr(self, name).close()
+        self.arena.close()
+        self.flow = self.graphs = self.arena = None
+        self.static.clear()
+        self.closed = True

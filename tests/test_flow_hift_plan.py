@@ -1,0 +1,159 @@
+"""The clocks make the keys (flow_hift.plan): walking the workloads' real session script (its turns' token counts),
+for both variants, the signatures the ClockState predicts for every unit are the ones the cadence session's steps
+ran with (recorded through its GraphCache), the region lengths it predicts after every call are the stock caches'
+lengths (read from the stock tensors' shapes), and every unit's bytes and regions equal stock's."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+from torch_threads import torch_threads  # noqa: E402  (tests/ is on sys.path under pytest)
+from duplexcadence.adapters import flow_hift as fh  # noqa: E402
+from duplexcadence.adapters.flow_hift import facts, plan  # noqa: E402
+from duplexcadence.runtime import compare_units  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "workloads" / "data" / "sessions" / "flow_hift.jsonl"
+VOICES = {"minicpmo45": ROOT / "workloads" / "data" / "voice_prompts" / "ljspeech_LJ001-0001_24k.wav",
+          "stepaudio2": ROOT / "workloads" / "data" / "voice_prompts" / "librispeech_8297-275156-0011_24k.wav"}
+
+
+def script_turns() -> list[list[list[int]]]:
+    """The script's SPEAK units as turns of token-id lists (read directly: one JSON object a line)."""
+    turns: dict[int, list] = {}
+    for line in SCRIPT.read_text().splitlines():
+        row = json.loads(line)
+        if row["kind"] == "SPEAK":
+            turns.setdefault(row["turn"], []).append(row["tokens"])
+    return [turns[k] for k in sorted(turns)]
+
+
+def stock_lengths(variant: str, t2w) -> dict:
+    """The stock caches' lengths now, from their tensor shapes (and BoundedVocoder's offsets)."""
+    c, h = t2w.stream_cache, t2w.hift_cache_dict
+    out = {"conformer_att": c["conformer_att_cache"].shape[3], "estimator_att": c["estimator_att_cache"].shape[4]}
+    if variant == "minicpmo45":
+        out.update(vocoder_mel=h["mel"].shape[-1], vocoder_source=h["source"].shape[-1] // facts.HOP_SAMPLES,
+                   **{k: int(h[k]) for k in ("mel_offset", "source_offset", "source_end", "speech_offset")},
+                   finalized=bool(h["finalized"]), first_chunk=bool(h["first_chunk"]))
+    else:
+        out.update(hift_mel=h["mel"].shape[-1], hift_source=h["source"].shape[-1], hift_speech=h["speech"].shape[-1])
+    return out
+
+
+def snapshot(session) -> dict:
+    return {k: v.clone() if torch.is_tensor(v) else v for k, v in session.state().items()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_threads():
+    with torch_threads(2):
+        yield
+
+
+@pytest.fixture(scope="module", params=facts.VARIANTS)
+def walk(request):
+    """Stock and cadence over the whole script on one model: per unit the predicted signatures, the signatures
+    the cadence steps ran with, the predicted and the stock lengths after each call, both outputs and states."""
+    variant = request.param
+    model = fh.build_model({"variant": variant, "n_timesteps": 2, "voice_prompt": str(VOICES[variant]),
+                            "prompt_seconds": 2.0}, depth="reduced", seed=0)
+    stock, cad = fh.new_session(model, "stock"), fh.new_session(model, "cadence")
+    ran, calls_seen, stream = [], [], model.t2w.stream
+
+    def recorded_run(sig, step):
+        ran.append(sig)
+        return run(sig, step)
+
+    def recorded_stream(*args, **kwargs):
+        out = stream(*args, **kwargs)
+        calls_seen.append(stock_lengths(variant, model.t2w))
+        return out
+
+    run = cad.graphs.run
+    cad.graphs.run = recorded_run
+    model.t2w.stream = recorded_stream
+    units, fresh = [], cad.clocks()
+    try:
+        for turn in script_turns():
+            stock.start_turn()
+            cad.start_turn()
+            for k, tokens in enumerate(turn):
+                final = k == len(turn) - 1
+                predicted = cad.signatures(len(tokens), final)
+                after = [c.after for c in stock.clocks().plan(len(tokens), final).calls]
+                ran.clear()
+                calls_seen.clear()
+                a, b = stock.speak(tokens, final=final), cad.speak(tokens, final=final)
+                units.append({"fresh": fresh, "predicted": predicted, "ran": list(ran), "after": after, "stock": list(calls_seen),
+                              "outs": (a, b), "states": (snapshot(stock), snapshot(cad)),
+                              "ptrs": {n: r.data_ptr() for n, r in cad.arena.regions.items()}})
+    finally:
+        del model.t2w.stream
+    yield variant, units
+    stock.close()
+    cad.close()
+
+
+def test_the_script_is_long_and_has_every_call_kind(walk):
+    variant, units = walk
+    assert len(units) >= 39
+    sizes = {s.size for u in units for s in u["predicted"] if s.step in ("flow", "dit")}
+    assert len(sizes) >= 6, sizes          # full calls and flushes of several sizes
+
+
+def test_predicted_signatures_are_the_ones_the_steps_ran_with(walk):
+    variant, units = walk
+    steps = {"minicpmo45": {"flow", "vocoder"}, "stepaudio2": {"dit", "hift"}}[variant]
+    for i, u in enumerate(units):
+        assert u["predicted"] == u["ran"], f"{variant} unit {i}: predicted {u['predicted']} ran {u['ran']}"
+    assert {s.step for u in units for s in u["ran"]} == steps
+    assert len({s for u in units for s in u["ran"]}) > 10
+
+
+def test_predicted_lengths_are_the_stock_caches_after_every_call(walk):
+    variant, units = walk
+    calls = 0
+    for i, u in enumerate(units):
+        assert len(u["after"]) == len(u["stock"]), f"unit {i}"
+        for want, got in zip(u["after"], u["stock"]):
+            assert {k: want[k] for k in got} == got, f"{variant} unit {i}: clocks {want}, stock caches {got}"
+            calls += 1
+    assert calls >= 35
+
+
+def test_every_unit_and_region_equals_stock_and_no_region_moves(walk):
+    variant, units = walk
+    for i, u in enumerate(units):
+        a, b = u["outs"]
+        compare_units(f"{variant}-reduced", i, a, b)
+        assert a.info == b.info
+        if a.samples:
+            assert a.waveform.std() > 1e-4
+        s, c = u["states"]
+        assert s["clocks"] == c["clocks"] and s["buffer"] == c["buffer"], f"unit {i}"
+        for name, t in c.items():
+            if torch.is_tensor(t):
+                assert torch.equal(t, s[name]), f"{variant} unit {i}: region {name} differs from stock"
+        assert u["ptrs"] == units[0]["ptrs"]
+
+
+def test_steady_signatures_are_a_turn_start_ramp_and_steady_shape(walk):
+    """prepare(None)'s set from a fresh session's clocks: the flow / DiT lengths P, P + 50, P + 100 of a turn's
+    first full units, each once, and (a control) the steady unit's signatures are in it."""
+    variant, units = walk
+    fresh = units[0]["fresh"]
+    P = fresh.host()["estimator_att"]
+    sigs = plan.steady_signatures(fresh)
+    dit = "flow" if variant == "minicpmo45" else "dit"
+    assert [s.get("estimator_att") for s in sigs if s.step == dit] == [P, P + 50, P + 100]
+    steady = [u["ran"] for u in units if [s.size for s in u["ran"] if s.step == dit] == [facts.CALL_TOKENS
+              if variant == "minicpmo45" else 50]]
+    assert steady and set(steady[-1]) <= set(sigs)
+    assert len(set(sigs)) == len(sigs) and fresh.host() == units[0]["fresh"].host()      # walked a copy
