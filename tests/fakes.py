@@ -68,17 +68,17 @@ class FakeSession(Session):
         model["open"].append(self)
 
     def start_turn(self):
-        self._check_open("start_turn")
+        self.check_open("start_turn")
         self.turn_open = True
         self.turns += 1
         self.clock.start_turn()
 
     def clocks(self):
-        self._check_open("clocks")
+        self.check_open("clocks")
         return self.clock.copy()
 
     def prepare(self, signatures=None):
-        self._check_open("prepare")
+        self.check_open("prepare")
         before = dict(self.counts)
         if self.mode != "stock":
             for sig in (VOICE if signatures is None else list(signatures)):
@@ -88,7 +88,7 @@ class FakeSession(Session):
         return {k: self.counts[k] - before[k] for k in SessionStats.COUNTERS}
 
     def speak(self, tokens, *, final=False):
-        self._check_open("speak")
+        self.check_open("speak")
         final = check_final(final)
         if not self.turn_open and self.capabilities.turn_state != "stream":
             raise InputError("speak: no open turn; call start_turn() first")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from suite.measure import kernels, stage
-from tools.gpu import flow_hift_check
 from tools import repack_ray_wheel
 
 
@@ -30,20 +29,6 @@ def test_summarize_trace_still_counts_a_good_trace():
           {"ph": "i", "cat": "kernel"}]
     out = kernels.summarize_trace(ev)
     assert out["kernels"] == 2 and out["kernel_launches"] == 1 and out["kernel_busy_ms"] == pytest.approx(0.015)
-
-
-@pytest.mark.parametrize("flags,match", [
-    (["--device", "cpu", "--steps", "0"], "--steps"),
-    (["--device", "cpu", "--steps", "2", "17"], "--steps"),
-    (["--device", "tpu"], "--device"),
-    (["--device", "cpu", "--max-speak-units", "0"], "--max-speak-units"),
-])
-def test_flow_hift_check_bad_flag_exits_2_naming_it(capsys, flags, match):
-    with pytest.raises(SystemExit) as exc:
-        flow_hift_check.main([*flags, "--depth", "reduced"])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert match in err[-1] and "Traceback" not in "".join(err)
 
 
 def test_stage_bad_device_exits_2(capsys):

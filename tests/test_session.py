@@ -157,17 +157,17 @@ class _Session(Session):
         self._clocks = _Clocks()
 
     def start_turn(self):
-        self._check_open("start_turn")
+        self.check_open("start_turn")
         self._clocks.start_turn()
 
     def speak(self, payload, *, final=False):
-        self._check_open("speak")
+        self.check_open("speak")
         final = check_final(final)
         self._clocks.unit(len(payload), final)
         return unit_output([np.zeros(len(payload), np.float32)])
 
     def clocks(self):
-        self._check_open("clocks")
+        self.check_open("clocks")
         return self._clocks.copy()
 
     def state(self):

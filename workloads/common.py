@@ -25,6 +25,10 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from duplexcadence.adapters.code2wav import schedule as _c2w
+from duplexcadence.adapters.flow_hift import facts as _fh
+from duplexcadence.adapters.mimi import schedule as _mimi
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 UNIT_SECONDS = 1.0              # one duplex unit per second (DESIGN section 1)
 ARCHITECTURES = ("flow_hift", "mimi", "code2wav")
@@ -55,15 +59,14 @@ class PayloadFormat:
     listen: str            # payload on LISTEN units: "none" | "required" | "optional"
 
 
-#: Per architecture, cited: flow_hift = S3 tokenizer v2 ids (flow.yaml vocab_size 6561), at most 25 per
-#: unit (MiniCPM-o unified L6835: generate_chunk returns new_tokens[:, 0:t], t <= 25); mimi = moshi 0.2.13
-#: loaders.py L58-61 (bins 2048) with get_mimi(num_codebooks=8) (L323-362), 12.5 Hz (L29), decoded on every
-#: unit (server.py L129-151); code2wav = transformers Qwen3OmniMoeCode2WavConfig codebook_size 2048,
-#: num_quantizers 16 (configuration_qwen3_omni_moe.py L541, L554 in 5.17.0), only while speaking.
+#: Per architecture, from the adapters' own declarations (the clocks' unit bounds and the models' vocabularies,
+#: each cited there): flow_hift = S3 tokenizer v2 ids, at most MAX_UNIT_TOKENS per unit, none while listening;
+#: mimi = 8 codebooks of 2048 bins, 12 or 13 frames per unit at 12.5 Hz, decoded on every unit (moshi's server
+#: decodes while it listens: server.py L129-151); code2wav = 16 codebooks of 2048, only while speaking.
 FORMATS: dict[str, PayloadFormat] = {
-    "flow_hift": PayloadFormat("tokens", 6561, None, 25, "none"),
-    "mimi": PayloadFormat("codes", 2048, 8, 13, "required"),
-    "code2wav": PayloadFormat("codes", 2048, 16, 13, "none"),
+    "flow_hift": PayloadFormat("tokens", _fh.VOCAB_SIZE, None, _fh.MAX_UNIT_TOKENS, "none"),
+    "mimi": PayloadFormat("codes", _mimi.CARDINALITY, _mimi.N_Q, _mimi.UNIT.policy.bound(), "required"),
+    "code2wav": PayloadFormat("codes", _c2w.CODEBOOK_SIZE, _c2w.NUM_QUANTIZERS, _c2w.UNIT.policy.bound(), "none"),
 }
 
 

@@ -49,9 +49,7 @@ STEPAUDIO2_MINI = Workload(
     name="stepaudio2_mini", model="Step-Audio 2 mini", architecture="flow_hift",
     stock_package="minicpmo-utils==1.0.7", dtype="float32", euler_steps=10, voice_prompt=VOICE_PROMPT,
     prompt_seconds=None, script=SCRIPT, token_source=TOKEN_SOURCE, seeds=dict(SEEDS["s0"]),
-    # DuplexCadence graphs the DiT step and the HiFT up to its istft (both bit-exact on the H200 with equal
-    # generator offsets, results/2026-11-30-h200-stepaudio2-check); the growing encoder stays eager.
-    spec={"n_timesteps": 10, "variant": "stepaudio2", "cadence": {"graphs": "dit+hift"}},
+    spec={"n_timesteps": 10, "variant": "stepaudio2"},
     notes="Upstream Step-Audio 2 streaming path (stepfun-ai/Step-Audio2 @ b1bb23c token2wav.py: n_timesteps "
           "10, original HiFT with 8-frame overlap, untrimmed conformer cache; caches kept across turns) over "
           "the stepaudio2 classes of minicpmo-utils 1.0.7; prompt = the whole 5.17 s LibriSpeech clip "

@@ -201,7 +201,7 @@ class Session(abc.ABC):
         """Free the session's memory now. Further calls raise ClosedError; a second close() does nothing."""
         self.closed = True
 
-    def _check_open(self, what: str) -> None:
+    def check_open(self, what: str) -> None:
         if self.closed:
             raise ClosedError(f"{what}: the session is closed; open another")
 

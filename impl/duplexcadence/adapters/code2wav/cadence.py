@@ -103,12 +103,12 @@ class CadenceSession(Session):
 
     def start_turn(self) -> None:
         """A new turn: the left context is cleared (zeroed; the clock says it holds 0 frames)."""
-        self._check_open("start_turn")
+        self.check_open("start_turn")
         self._clock.start_turn()
         self.region("codes.context", (NUM_QUANTIZERS, self._clock.left_context)).zero_()
 
     def clocks(self) -> Turn:
-        self._check_open("clocks")
+        self.check_open("clocks")
         return self._clock.copy()
 
     # -- the step: stock forward on arena views (capturable; reads context + io.new only) -------------
@@ -130,7 +130,7 @@ class CadenceSession(Session):
     def speak(self, payload, *, final: bool = False):
         """One SPEAK unit, byte-identical to the stock session (default) over the same schedule. Raises
         InputError (bad codes, no open turn; LimitError past 13 frames) before anything changes."""
-        self._check_open("speak")
+        self.check_open("speak")
         final = check_final(final)
         codes = parse_codes(payload)
         clock = self._clock.copy()
@@ -158,7 +158,7 @@ class CadenceSession(Session):
         A window's first capture in the process follows one eager warm-up run. Pool bytes per signature:
         stats().detail. Returns the counters' change; no-op on CPU. Raises InputError for a signature the
         session's schedule cannot run."""
-        self._check_open("prepare")
+        self.check_open("prepare")
         before = self.stats()
         sigs = self._clock.turn_signatures() if signatures is None else sorted(set(signatures))
         for sig in sigs:
@@ -179,13 +179,13 @@ class CadenceSession(Session):
 
     def state(self) -> dict:
         """The left context region (int64 [16, ctx], an arena view) and the host clocks."""
-        self._check_open("state")
+        self.check_open("state")
         ctx = self._clock.ctx or 0
         return {"codes": self.region("codes.context", (NUM_QUANTIZERS, ctx)), "ctx": self._clock.ctx,
                 "frames": self._clock.frames, "units": self._clock.units, "turn": self._clock.turn}
 
     def stats(self) -> SessionStats:
-        self._check_open("stats")
+        self.check_open("stats")
         return SessionStats.of(units=self._clock.units, graphs=self.graphs, arena=self.arena,
                                mode="cadence_seamless" if self._clock.seamless else "cadence",
                                arena_backend=self.arena.backend, calls_per_phase=dict(self.calls_per_phase),

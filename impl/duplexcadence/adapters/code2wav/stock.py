@@ -36,18 +36,18 @@ class StockSession(Session):
 
     def start_turn(self) -> None:
         """A new turn: the left context is cleared (the serving code keys frames by request)."""
-        self._check_open("start_turn")
+        self.check_open("start_turn")
         self._clock.start_turn()
         self.context = torch.zeros(NUM_QUANTIZERS, 0, dtype=torch.int64)
 
     def clocks(self) -> Turn:
-        self._check_open("clocks")
+        self.check_open("clocks")
         return self._clock.copy()
 
     def speak(self, payload, *, final: bool = False):
         """One SPEAK unit: codes [16][N] (1 <= N <= 13) -> float32 [sum of 1920*n - 555 per call] @ 24 kHz.
         Raises InputError (bad codes, no open turn; LimitError past 13 frames) before anything changes."""
-        self._check_open("speak")
+        self.check_open("speak")
         final = check_final(final)
         codes = parse_codes(payload)
         clock = self._clock.copy()
@@ -65,12 +65,12 @@ class StockSession(Session):
 
     def state(self) -> dict:
         """The left context (host int64 [16, ctx]) and the host clocks."""
-        self._check_open("state")
+        self.check_open("state")
         return {"codes": self.context, "ctx": self._clock.ctx, "frames": self._clock.frames,
                 "units": self._clock.units, "turn": self._clock.turn}
 
     def stats(self) -> SessionStats:
-        self._check_open("stats")
+        self.check_open("stats")
         return SessionStats.of(units=self._clock.units, mode="stock", turn=self._clock.turn)
 
     def close(self) -> None:

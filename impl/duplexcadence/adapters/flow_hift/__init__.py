@@ -8,7 +8,6 @@ limits), plan (the host clocks, every step's Signature), build, flowstate, causa
 from __future__ import annotations
 
 from duplexcadence.runtime import use_expandable_segments
-from duplexcadence.session import to_pcm16  # noqa: F401  (duplexcadence.adapters.mimi imports it from here)
 
 from duplexcadence.adapters.flow_hift import build, facts
 from duplexcadence.adapters.flow_hift.build import Model

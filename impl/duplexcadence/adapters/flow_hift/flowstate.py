@@ -191,7 +191,7 @@ class CadenceBase(TokenSession):
         that is). A step family not yet warmed in this process (`graphs.warmed`) first runs once eagerly on the
         session's state, which is put back afterwards. Returns the counters' change (zeros off CUDA). Raises
         ValueError for a signature of another step."""
-        self._check_open("prepare")
+        self.check_open("prepare")
         sigs, graphs = list(self.steady() if signatures is None else signatures), self.graphs
         for sig in sigs:
             if not isinstance(sig, Signature) or sig.step not in self.steps:
@@ -215,11 +215,11 @@ class CadenceBase(TokenSession):
 
     def state(self) -> dict:
         """Region views (stock names, the logical contents), the host clocks and the token buffer."""
-        self._check_open("state")
+        self.check_open("state")
         return {**self.regions(), "clocks": self.clock.host(), "buffer": None if self.buffer is None else list(self.buffer)}
 
     def stats(self) -> SessionStats:
-        self._check_open("stats")
+        self.check_open("stats")
         return SessionStats.of(units=self.units, graphs=self.graphs, arena=self.arena, arena_backend=self.arena.backend)
 
     def close(self) -> None:

@@ -294,11 +294,11 @@ class TokenSession(Session):
     units = 0
 
     def clocks(self) -> FlowClocks:
-        self._check_open("clocks")
+        self.check_open("clocks")
         return self.clock.copy()
 
     def open_turn(self) -> None:
-        self._check_open("start_turn")
+        self.check_open("start_turn")
         self.clock.start_turn()
         self.buffer = list(facts.VARIANT[self.variant].start_buffer)
 
@@ -306,7 +306,7 @@ class TokenSession(Session):
         """One SPEAK unit: <= 25 speech token ids @ 25 Hz -> the float32 waveform @ 24 kHz of the unit's stream
         calls (facts.plan_calls; concatenated) and its int16 PCM. Raises InputError (bad tokens or final, no open
         turn, a call the stock code cannot make) or ClockError (a stock table) before anything runs."""
-        self._check_open("speak")
+        self.check_open("speak")
         final = check_final(final)
         tokens = check_tokens(tokens, vocab=facts.VOCAB_SIZE, max_count=facts.MAX_UNIT_TOKENS)
         clock = self.clock.copy()

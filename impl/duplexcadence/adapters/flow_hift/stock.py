@@ -106,7 +106,7 @@ class _StockBase(TokenSession):
     def state(self) -> dict:
         """The stock caches under the cadence region names (estimator entries cut to the steps in use), the host
         clocks and the token buffer."""
-        self._check_open("state")
+        self.check_open("state")
         f = self._flow if self._flow is not None else self._base[0]
         return {"conformer_att": f["conformer_att_cache"], "estimator_att": f["estimator_att_cache"][:self.n_steps],
                 "conformer_cnn": f["conformer_cnn_cache"], "estimator_cnn": f["estimator_cnn_cache"][:self.n_steps],
@@ -114,7 +114,7 @@ class _StockBase(TokenSession):
                 "buffer": None if self.buffer is None else list(self.buffer)}
 
     def stats(self) -> SessionStats:
-        self._check_open("stats")
+        self.check_open("stats")
         return SessionStats.of(units=self.units, calls=self.calls)
 
     def close(self) -> None:

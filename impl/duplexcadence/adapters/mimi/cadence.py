@@ -138,7 +138,7 @@ class CadenceSession(MimiSession):
         records kernels without running them; a signature's first capture in the process follows one eager
         warm-up decode (zero codes), every region restored after it. Returns the counters' change. No-op on
         CPU. Raises InputError for a signature that is not a step of this session."""
-        self._check_open("prepare")
+        self.check_open("prepare")
         before, want = self.stats(), self.clock.copy().unit(1)[0]
         sigs = sorted({s for n in UNIT_SIZES for s in self.clock.copy().unit(n)} if signatures is None
                       else set(signatures))
@@ -161,12 +161,12 @@ class CadenceSession(MimiSession):
 
     def state(self) -> dict:
         """Every region's arena view by name, and the host clocks (frames, positions)."""
-        self._check_open("state")
+        self.check_open("state")
         return {**{b.spec.name: b.view for b in self.bindings},
                 "frames": self.clock.frames, "positions": self.clock.positions}
 
     def stats(self) -> SessionStats:
-        self._check_open("stats")
+        self.check_open("stats")
         return SessionStats.of(units=self.units, graphs=self.graphs, arena=self.arena, mode="cadence",
                                cadence_graphs=self.graph_mode, kv_bookkeeping=self.kv_mode,
                                frames=self.clock.frames, arena_backend=self.arena.backend,

@@ -67,17 +67,17 @@ class MimiSession(Session):
 
     def start_turn(self) -> None:
         """Nothing: one continuous stream (server.py resets only per connection, L163-164). Raises ClosedError."""
-        self._check_open("start_turn")
+        self.check_open("start_turn")
 
     def clocks(self) -> MimiClock:
-        self._check_open("clocks")
+        self.check_open("clocks")
         return self.clock.copy()
 
     def begin_unit(self, payload, final) -> tuple:
         """speak's checks, before anything changes: (codes int64 [8, F], the clock advanced by the unit, its
         signatures). Raises ClosedError, InputError (payload.check_codes, check_final), LimitError past the
         unit bound (MimiClock.unit)."""
-        self._check_open("speak")
+        self.check_open("speak")
         check_final(final)
         codes, clock = check_codes(payload, n_q=N_Q, cardinality=CARDINALITY, max_frames=None), self.clock.copy()
         return codes, clock, clock.unit(int(codes.shape[1]), final)
@@ -113,18 +113,18 @@ class StockSession(MimiSession):
 
     def prepare(self, signatures=None) -> dict:
         """Nothing to capture: zeros. Raises ClosedError."""
-        self._check_open("prepare")
+        self.check_open("prepare")
         return super().prepare(signatures)
 
     def state(self) -> dict:
         """moshi's state tensors by region name, and the host clocks (frames, positions)."""
-        self._check_open("state")
+        self.check_open("state")
         return {**{b.spec.name: getattr(b.owner, b.attr) for b in self.regions},
                 "frames": self.clock.frames, "positions": self.clock.positions}
 
     def stats(self) -> SessionStats:
         """Units and frames; for stock_graphs, how many of moshi's own graphs are captured (detail)."""
-        self._check_open("stats")
+        self.check_open("stats")
         top = self.own.states[""]
         captured = sum(getattr(top, f)._graph is not None for f in ("graphed_tr_dec", "graphed_decoder"))
         return SessionStats.of(units=self.units, mode="stock_graphs" if self.moshi_graphs else "stock",
