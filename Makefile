@@ -7,6 +7,8 @@
 #                   (one folder or more; with none it exits 2 and rewrites nothing); a second run of a tree
 #                   against the first: make report ARGS="results/<run>-second --compare results/<run>"
 # `make test`       the test suite (CPU; GPU-only tests skip with the reason); installs the ray extra for the Ray tests
+# `make test-gpu`   every CUDA test (tests marked gpu: those that skip without CUDA), on a CUDA machine; the log
+#                   in $(GPU_LOG) (default results/_scratch/test-gpu.log); fails if no CUDA device is visible
 # `make bench`      pytest-benchmark microbenchmarks of the runtime's parts
 # `make asv`        asv benchmarks against the current environment, kept under results/asv (history accumulates);
 #                   ASV_MACHINE=h200 names the machine (default: asv's, from the hostname, which a lent GPU host
@@ -32,7 +34,9 @@ RAY ?=
 # for both modes alike, recorded in every result; `make reproduce TORCHDYNAMO_DISABLE=0` keeps it.
 export TORCHDYNAMO_DISABLE ?= 1
 
-.PHONY: setup ray reproduce report test bench asv clean
+GPU_LOG ?= results/_scratch/test-gpu.log
+
+.PHONY: setup ray reproduce report test test-gpu bench asv clean
 setup: $(VENV)/.stamp
 ray: $(VENV)/.ray-stamp
 
@@ -67,6 +71,11 @@ report: setup
 
 test: setup ray
 	$(PY) -m pytest -q tests
+
+test-gpu: setup
+	@$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device visible')"
+	mkdir -p $(dir $(GPU_LOG))
+	set -o pipefail; $(PY) -m pytest -q -m gpu -rs tests 2>&1 | tee $(GPU_LOG)
 
 bench: setup
 	$(PY) -m pytest -q --benchmark-enable --benchmark-only suite/bench

@@ -23,3 +23,13 @@ def _freeze_long_lived_objects():
     gc.collect()
     gc.freeze()
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that skips without CUDA (a skipif whose reason starts "needs CUDA") is also marked `gpu`,
+    so `make test-gpu` (pytest -m gpu) selects exactly the CUDA tests."""
+    for item in items:
+        for mark in item.iter_markers("skipif"):
+            if str(mark.kwargs.get("reason", "")).startswith("needs CUDA"):
+                item.add_marker(pytest.mark.gpu)
+                break
