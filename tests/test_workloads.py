@@ -34,7 +34,7 @@ EXPECTED = [
     ("minicpmo45_5step", "MiniCPM-o 4.5", "flow_hift", "minicpmo-utils==1.0.7", "float32", 5,
      {"n_timesteps": 5}),
     ("stepaudio2_mini", "Step-Audio 2 mini", "flow_hift", "minicpmo-utils==1.0.7", "float32", 10,
-     {"n_timesteps": 10, "variant": "stepaudio2", "cadence": {"graphs": "dit+hift"}}),
+     {"n_timesteps": 10, "variant": "stepaudio2"}),
     ("moshi", "Moshi", "mimi", "moshi==0.2.13", "float32", None, None),
     ("qwen3_omni", "Qwen3-Omni", "code2wav", "transformers==5.17.0", "bfloat16", None, None),
 ]
