@@ -505,3 +505,21 @@ def test_cuda_a_stream_handed_from_a_dropped_cache_keeps_no_block_of_its_pool(mo
     torch.cuda.empty_cache()
     assert _pool_segments(pool2) == []
     assert torch.cuda.memory_allocated() == allocated
+
+
+@needs_cuda
+def test_cuda_graph_bytes_count_the_pool_even_when_it_reuses_cached_segments():
+    """A step that allocates a 4 MiB intermediate inside the graph: the pool holds at least that much, also
+    when the allocator already had free cached memory (so memory_reserved did not grow during capture)."""
+    x = torch.zeros(1 << 20, device="cuda")
+    torch.empty(8 << 20, dtype=torch.uint8, device="cuda")     # freed at once: cached, not released
+    cache = GraphCache("cuda", inline=False)
+
+    def step():
+        y = x * 2.0                                             # 4 MiB from the graph's pool
+        x.copy_(y + 1.0)
+        return x
+
+    assert cache.capture(signature("scale", 1 << 20), step)
+    assert cache.pool_bytes >= 4 << 20
+    cache.drop()

@@ -308,7 +308,8 @@ class GraphCache:
                 return _FAILED
             self.stats.eager_fallbacks += 1
             return step()
-        self.pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
+        grown = max(0, torch.cuda.memory_reserved(self.device) - before)
+        self.pool_bytes = max(self.pool_bytes + grown, pool_segment_bytes(self.device, self.pool))
         base = self.arena.base if self.arena is not None else 0
         self.entries[signature] = GraphEntry(signature, graph, outputs, base)
         self.stats.captures += 1
@@ -323,6 +324,17 @@ class GraphCache:
         self.entries.clear()
         self.eager_only.clear()
         self.pool = None
+
+
+def pool_segment_bytes(device, pool) -> int:
+    """Bytes of the allocator segments that belong to graph pool `pool` (torch.cuda.memory_snapshot's
+    segment_pool_id), i.e. what the pool holds whether its blocks came from new or cached segments.
+    0 off CUDA or for no pool."""
+    if pool is None or torch.device(device).type != "cuda":
+        return 0
+    want = tuple(pool)
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", ())) == want)
 
 
 _FAILED = object()

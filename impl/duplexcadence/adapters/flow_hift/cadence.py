@@ -87,7 +87,7 @@ class CadenceSession(CadenceBase):
         for cp in plan.calls:
             if cp.call.n:
                 tokens = buf[cp.call.start:cp.call.start + cp.call.n]
-                self.token_buffer(cp.call.n).copy_(torch.tensor([tokens], dtype=torch.int32))
+                self.token_buffer(cp.call.n, tokens)
                 mel = self.graphs.run(cp.steps[0], self.step_for(cp.steps[0]))
             else:       # an empty final call only flushes the vocoder (token2wav.py L271-273)
                 mel = self.vocoder.mel[:, :, :0]

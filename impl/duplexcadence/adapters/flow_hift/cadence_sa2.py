@@ -96,7 +96,7 @@ class StepAudio2CadenceSession(CadenceBase):
     def _call(self, tokens: list[int], cp):
         """One upstream `stream` call (t2w L118-162) on the arena, the DiT segment and the HiFT as graphed steps."""
         t2w, dit_sig, n = self.t2w, cp.steps[0], cp.call.n
-        self.token_buffer(n).copy_(torch.tensor([tokens], dtype=torch.int32))
+        self.token_buffer(n, tokens)
         Lc, Le = cp.before["conformer_att"], cp.before["estimator_att"]
         step = self.dit_step(dit_sig)
         mu_s, spks_s, cond_s = self.static[dit_sig]

@@ -179,10 +179,15 @@ class CadenceBase(TokenSession):
         self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=self.arena, warmup=1, warmed=warmed,
                                  warm_key=lambda sig: sig.step, lock=model_lock(self.t2w), inline=self.inline)
 
-    def token_buffer(self, n: int) -> torch.Tensor:
-        """The static int32 [1, n] token input of n-token calls (copied into before each step)."""
-        if n not in self.static:
-            self.static[n] = torch.zeros((1, n), dtype=torch.int32, device=self.device)
+    def token_buffer(self, n: int, tokens=None) -> torch.Tensor:
+        """The static int32 [1, n] token input of n-token calls; `tokens` (n ints) are copied into it first.
+        Made and written in inference mode always (a capture inside inference mode and an update outside it
+        would otherwise meet an inference tensor)."""
+        with torch.inference_mode():
+            if n not in self.static:
+                self.static[n] = torch.zeros((1, n), dtype=torch.int32, device=self.device)
+            if tokens is not None:
+                self.static[n].copy_(torch.tensor([tokens], dtype=torch.int32))
         return self.static[n]
 
     def prepare(self, signatures=None) -> dict:
