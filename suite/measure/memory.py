@@ -4,16 +4,28 @@ is (model - idle) + that increment. CUDA: driver-level used memory (NVML, else c
 mappings and graph pools, which torch's allocator statistics cannot) and torch's max allocated / reserved;
 CPU: resident set size, its peak VmHWM reset per session (else ru_maxrss, said in `peak_rss_source`).
 Driver-level figures are device-wide: one process per measurement.
+
+The itemised view of one session (`itemise`, suite.measure.floor): weights (`model_bytes`), the CUDA context
+(`DriverReader` before and after CUDA starts in the process), samples of driver, allocator and session
+counters (`device_sample`) at open, after `prepare` and after some units, and the allocation sites a
+`torch.cuda.memory` snapshot still holds after `prepare` (`snapshot_sites`).
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
+import os
 import re
 import resource
+import shutil
+import subprocess
+import types
 from pathlib import Path
 
 import torch
 
+from duplexcadence import graphs
 from suite.measure.env import nvml_handle
 
 MIB = 2**20
@@ -171,3 +183,235 @@ class MemoryProbe:
             }
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
 
+
+
+# --- one session's memory, itemised ------------------------------------------------------------------------
+class DriverReader:
+    """Device-wide used memory (MiB) of one GPU read WITHOUT initialising CUDA in this process: NVML (pynvml)
+    or else `nvidia-smi`, for the device that CUDA index `index` will be (CUDA_VISIBLE_DEVICES applied), so
+    the same reader gives the memory before and after CUDA starts here. `source` None: neither is available
+    (every read returns None). Never raises."""
+
+    def __init__(self, index: int = 0):
+        self.ident, self.source, self._nvml, self._handle = _visible_device(index), None, None, None
+        if self.ident is None:
+            return
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            if self.ident.startswith(("GPU-", "MIG-")):
+                self._handle = pynvml.nvmlDeviceGetHandleByUUID(self.ident)
+            else:
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(int(self.ident))
+            self._nvml, self.source = pynvml, "nvml"
+        except Exception:       # no pynvml / NVML library, or an odd CUDA_VISIBLE_DEVICES entry
+            if shutil.which("nvidia-smi") is not None:
+                self.source = "nvidia-smi"
+
+    def same_device(self, device: torch.device) -> bool | None:
+        """After CUDA started: whether NVML's device is CUDA's `device` (by UUID; NVML counts in PCI order,
+        CUDA may not); a mismatch re-points the reader at CUDA's device. None where it cannot tell."""
+        if self.source != "nvml":
+            return None
+        try:
+            uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+            mine = self._nvml.nvmlDeviceGetUUID(self._handle)
+            mine = mine.decode() if isinstance(mine, bytes) else str(mine)
+            if mine == uuid:
+                return True
+            self._handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
+            return False
+        except Exception:
+            return None
+
+    def used_mib(self) -> float | None:
+        try:
+            if self.source == "nvml":
+                return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / MIB
+            if self.source == "nvidia-smi":
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      "-i", self.ident], capture_output=True, text=True, timeout=30)
+                return float(out.stdout.strip().splitlines()[0]) if out.returncode == 0 else None
+        except Exception:
+            return None
+        return None
+
+
+def _visible_device(index: int) -> str | None:
+    """What NVML / nvidia-smi call CUDA device `index` of this process: an index or a UUID."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(index)
+    parts = [p.strip() for p in visible.split(",") if p.strip()]
+    return parts[index] if 0 <= index < len(parts) else None
+
+
+def model_bytes(model, device: str | torch.device | None = None, depth: int = 3) -> dict:
+    """Bytes of the nn.Module parameters and buffers reachable from `model` (a module, or an object, dict,
+    list or dataclass holding modules, up to `depth` levels), each storage once, only those on `device`
+    (None: any): {"parameter_bytes", "buffer_bytes"}."""
+    device = None if device is None else torch.device(device)
+    seen_modules, seen_storages, out = set(), set(), {"parameter_bytes": 0, "buffer_bytes": 0}
+
+    def add(t: torch.Tensor, key: str) -> None:
+        if device is not None and (t.device.type != device.type or
+                                   (device.index is not None and t.device.index != device.index)):
+            return
+        storage = t.untyped_storage()
+        ident = (t.device.type, t.device.index, storage.data_ptr(), storage.nbytes())
+        if ident not in seen_storages:
+            seen_storages.add(ident)
+            out[key] += storage.nbytes()
+
+    def visit(obj, level: int) -> None:
+        if isinstance(obj, torch.nn.Module):
+            if id(obj) not in seen_modules:
+                seen_modules.add(id(obj))
+                for t in obj.parameters():
+                    add(t, "parameter_bytes")
+                for t in obj.buffers():
+                    add(t, "buffer_bytes")
+            return
+        if level <= 0 or obj is None or isinstance(obj, (str, bytes, int, float, torch.Tensor, type, types.ModuleType,
+                                                         types.FunctionType, types.MethodType)):
+            return
+        if isinstance(obj, dict):
+            values = list(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            values = list(obj)
+        elif dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__"):
+            values = list(vars(obj).values())
+        else:
+            return
+        for v in values:
+            visit(v, level - 1)
+
+    visit(model, depth)
+    return out
+
+
+def device_sample(device: torch.device, reader: DriverReader | None, session=None) -> dict:
+    """One sample (MiB) of this process's memory: `driver_used_mib` (reader; None without one), torch's
+    `allocated_mib` / `reserved_mib`, the cuBLAS workspaces primed on capture streams
+    (duplexcadence.graphs.PRIMED_BYTES) and, from `session.stats()` (SessionStats), its arena
+    (`arena_reserved_mib`, `arena_mapped_mib`, `arena_backend`) and `graph_pool_mib`. Off CUDA the device
+    figures are None. The device is synchronized first."""
+    cuda = device.type == "cuda"
+    out = {"driver_used_mib": None, "allocated_mib": None, "reserved_mib": None, "cublas_primed_mib": None,
+           "arena_reserved_mib": None, "arena_mapped_mib": None, "arena_backend": None, "graph_pool_mib": None}
+    if cuda:
+        torch.cuda.synchronize(device)
+        out.update(driver_used_mib=reader.used_mib() if reader is not None else None,
+                   allocated_mib=torch.cuda.memory_allocated(device) / MIB,
+                   reserved_mib=torch.cuda.memory_reserved(device) / MIB,
+                   cublas_primed_mib=graphs.PRIMED_BYTES[0] / MIB)
+    if session is not None:
+        st = session.stats()
+        out.update(arena_reserved_mib=st.arena_bytes_reserved / MIB, arena_mapped_mib=st.arena_bytes_mapped / MIB,
+                   arena_backend=st.detail.get("arena_backend"), graph_pool_mib=st.graph_bytes / MIB)
+    return out
+
+
+def _unseen(sample: dict) -> float | None:
+    """Driver memory torch's allocator does not hold: used - reserved - the arena's VMM mapping (a prealloc
+    arena is inside reserved)."""
+    if sample.get("driver_used_mib") is None or sample.get("reserved_mib") is None:
+        return None
+    vmm = (sample.get("arena_mapped_mib") or 0.0) if sample.get("arena_backend") == "vmm" else 0.0
+    return sample["driver_used_mib"] - sample["reserved_mib"] - vmm
+
+
+def _sub(a, b):
+    return None if a is None or b is None else a - b
+
+
+def itemise(*, weights: dict, idle_mib: float | None, context_mib: float | None, model: dict, opened: dict,
+            prepared: dict, steady: dict) -> dict:
+    """One session's memory (MiB) by item, from `device_sample`s taken with the model built and no session
+    (`model`), at open (`opened`), right after `prepare` (`prepared`) and after some units (`steady`).
+    weights: `model_bytes`; idle_mib: the device's used memory before CUDA started in this process;
+    context_mib: what starting CUDA added. Items (at `steady` unless named): weights, arena reserved and
+    mapped, graph pool, `graph_exec_mib` (driver memory torch does not see, after prepare minus at open:
+    graph executables, plus kernels loaded and library handles made by prepare's warm-ups), allocator cache
+    (reserved - allocated), CUDA context, cuBLAS workspaces of capture streams; and the totals
+    `driver_over_idle_mib`, `unseen_mib` (driver memory beyond the idle device, the context, torch's reserve
+    and a VMM arena), `session_allocated_mib` (allocated - the model's). None where a figure is unknown."""
+    mib = lambda n: n / MIB
+    unseen = _sub(_sub(_unseen(steady), idle_mib), context_mib)
+    out = {
+        "weights_mib": mib(weights["parameter_bytes"] + weights["buffer_bytes"]),
+        "parameters_mib": mib(weights["parameter_bytes"]), "buffers_mib": mib(weights["buffer_bytes"]),
+        "arena_reserved_mib": steady.get("arena_reserved_mib"), "arena_mapped_mib": steady.get("arena_mapped_mib"),
+        "arena_backend": steady.get("arena_backend"), "graph_pool_mib": steady.get("graph_pool_mib"),
+        "graph_exec_mib": _sub(_unseen(prepared), _unseen(opened)),
+        "allocator_cache_mib": _sub(steady.get("reserved_mib"), steady.get("allocated_mib")),
+        "cuda_context_mib": context_mib, "cublas_workspace_mib": steady.get("cublas_primed_mib"),
+        "driver_used_mib": steady.get("driver_used_mib"), "idle_mib": idle_mib,
+        "driver_over_idle_mib": _sub(steady.get("driver_used_mib"), idle_mib), "unseen_mib": unseen,
+        "torch_allocated_mib": steady.get("allocated_mib"), "torch_reserved_mib": steady.get("reserved_mib"),
+        "session_allocated_mib": _sub(steady.get("allocated_mib"), model.get("allocated_mib")),
+        "prepare_reserved_mib": _sub(prepared.get("reserved_mib"), opened.get("reserved_mib")),
+        "prepare_driver_mib": _sub(prepared.get("driver_used_mib"), opened.get("driver_used_mib")),
+    }
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+@contextlib.contextmanager
+def allocation_history(device: torch.device, enabled: bool = True, max_entries: int = 200_000):
+    """Record the CUDA caching allocator's allocations with Python stacks for the body
+    (torch.cuda.memory._record_memory_history); yields a dict whose "snapshot" the body sets by calling
+    `take()`, and "error" where recording could not start. Off CUDA or not enabled: records nothing."""
+    box: dict = {"snapshot": None, "error": None}
+    on = enabled and device.type == "cuda"
+    if on:
+        try:
+            torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                                     max_entries=max_entries, device=device)
+        except Exception as exc:                 # an older torch: record why, measure the rest
+            box["error"], on = f"{type(exc).__name__}: {exc}"[:300], False
+    box["take"] = (lambda: box.__setitem__("snapshot", torch.cuda.memory._snapshot(device))) if on else (lambda: None)
+    try:
+        yield box
+    finally:
+        if on:
+            torch.cuda.memory._record_memory_history(enabled=None, device=device)
+
+
+def _frame_text(frame: dict) -> str:
+    path = Path(str(frame.get("filename", "?")))
+    return f"{'/'.join(path.parts[-3:])}:{frame.get('line', '?')} {frame.get('name', '?')}"
+
+
+def snapshot_sites(snapshot: dict | None, top: int = 10) -> dict | None:
+    """The blocks a `torch.cuda.memory._snapshot()` holds allocated (state "active_allocated"), those with a
+    recorded stack (allocated while `allocation_history` ran) grouped by site: the innermost frame outside
+    torch's own files, with `via`, the innermost frame in duplexcadence, and `pool` ("graph" for a graph's
+    private pool, else "default"). Returns {"allocated_bytes", "recorded_bytes", "by_pool": {pool: bytes of
+    recorded blocks}, "sites": the `top` sites by bytes, each {site, via, pool, bytes, blocks}}; None for None.
+    Frames are innermost first, as torch writes them."""
+    if snapshot is None:
+        return None
+    total = recorded = 0
+    by_pool: dict[str, int] = {}
+    sites: dict[tuple, list] = {}
+    for seg in snapshot.get("segments", []):
+        pool = "graph" if tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0) else "default"
+        for block in seg.get("blocks", []):
+            if block.get("state") != "active_allocated":
+                continue
+            size = int(block.get("size", 0))
+            total += size
+            frames = block.get("frames") or []
+            if not frames:
+                continue
+            recorded += size
+            by_pool[pool] = by_pool.get(pool, 0) + size
+            outside = [f for f in frames if "/torch/" not in str(f.get("filename", "")).replace("\\", "/")]
+            ours = [f for f in frames if "duplexcadence" in str(f.get("filename", ""))]
+            key = (_frame_text(outside[0] if outside else frames[0]), _frame_text(ours[0]) if ours else None, pool)
+            entry = sites.setdefault(key, [0, 0])
+            entry[0] += size
+            entry[1] += 1
+    rows = sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"allocated_bytes": total, "recorded_bytes": recorded, "by_pool": by_pool,
+            "sites": [{"site": k[0], "via": k[1], "pool": k[2], "bytes": v[0], "blocks": v[1]} for k, v in rows]}
