@@ -207,6 +207,7 @@ def run_mode(workload, mode: str, device, *, depth: str = "released", steps: int
                 prepare_ms = (time.perf_counter() - t0) * 1e3
                 prepared = device_sample(s.device, reader, session)
                 hist["take"]()
+            sites, hist["snapshot"] = snapshot_sites(hist["snapshot"]), None
             walk = Walk(session, s.units, s.device, prepare_each=prepare == "unit", keep=keep, progress=progress,
                         label=label)
             rows = walk.take("warm", warm)
@@ -217,7 +218,7 @@ def run_mode(workload, mode: str, device, *, depth: str = "released", steps: int
                                         opened=opened, prepared=prepared, steady=steady),
                        "samples": {"model": model_sample, "opened": opened, "prepared": prepared, "steady": steady},
                        "driver_source": reader.source if reader is not None else None,
-                       "after_units": [r["index"] for r in rows], "snapshot_after_prepare": snapshot_sites(hist["snapshot"]),
+                       "after_units": [r["index"] for r in rows], "snapshot_after_prepare": sites,
                        "history_error": hist["error"], "dropped_for_mode": dropped}
             met, met_n = {}, len(walk.met)
             if prepare == "met" and walk.met:
@@ -411,6 +412,9 @@ def main(argv: list[str] | None = None, entry: str = "suite.measure.floor") -> i
             return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if "TORCHDYNAMO_DISABLE" not in os.environ and not args.quiet:
+        print("floor: note: TORCHDYNAMO_DISABLE is not set (make reproduce sets 1): stepaudio2's encoder chunk, "
+              "wrapped in torch.compile(backend='eager'), traces inside the units", flush=True)
     parts, outcomes = {}, {}
     for name, mode, profiled in _plan(args, names):
         folder = out / name / mode
