@@ -156,8 +156,7 @@ def timeline_summary(rows: list[dict]) -> dict:
                                 for c, d in ops.items()},
         "top_causes": [[k, round(v, 3)] for k, v in list(causes.items())[:3]],
         "data_movement_per_unit_p50": {
-            "kernels": _p50([m["kernels"] for m in moved]), "movement_kernels": _p50([m["movement_kernels"] for m in moved]),
-            "movement_ms": _p50([m["movement_ms"] for m in moved]), "memcpy_dtod": _p50([m["memcpy_dtod"] for m in moved]),
+            **{k: _p50([m[k] for m in moved]) for k in ("kernels", "movement_kernels", "movement_ms", "memcpy_dtod")},
             "by_kind": {k: _p50([m["by_kind"][k]["count"] for m in moved]) for k, _ in DATA_MOVEMENT_KERNELS},
         } if moved else None,
         "stats_in_measured_units": {k: sum(r["stats"][k] for r in rows if r["role"] in ("timed", "profiled"))

@@ -264,15 +264,16 @@ def unit_timeline(events: list[dict], span: tuple[float, float] | None = None) -
 
     span: (start, end) in the trace's microseconds; default the UNIT_MARK range (`trace_call`), else the
     extent of every complete event. Inside it: `kernel_busy_ms` (union of kernels), `gpu_busy_ms` (kernels,
-    copies and memsets), `wall_ms`, `tail_over_kernel_busy_x` (wall / kernel-busy; None without kernels) and
-    every gap in the GPU's activity (`kind`: "before" the first activity, "between", "after" the last, or
-    "whole" without any), so that wall = gpu_busy + the gaps. Each gap's time goes to causes (GAP_CAUSES):
-    when the activity ending it was launched (its API call, matched by correlation id) before the gap began,
-    "queued"; when its launch call started inside the gap, the launch's cause from the call's start on; the
-    rest goes to what the host was doing, from the overlapping host events (CUDA API calls, then aten ops,
-    then "python"). `by_cause` / `by_cause_op` sum the causes (and the outermost aten op the host was in,
-    "-" for none) over the gaps; `after_sync_ms`: gap time of gaps that began while the host waited in a sync.
-    Raises ValueError as summarize_trace does for malformed input."""
+    copies and memsets), `kernels` (launch counts: the whole trace's), `wall_ms`, `tail_over_kernel_busy_x`
+    (wall / kernel-busy; None without kernels) and every gap in the GPU's activity (`kind`: "before" the
+    first activity, "between", "after" the last, or "whole" without any), so that wall = gpu_busy + gaps.
+    Each gap's time goes to causes (GAP_CAUSES): when the activity ending it was launched (its API call,
+    matched by correlation id) before the gap began, "queued"; when its launch call started inside the gap,
+    the launch's cause from the call's start on; the rest goes to what the host was doing, from the
+    overlapping host events (CUDA API calls, then aten ops, then "python"). `by_cause` / `by_cause_op` sum
+    the causes (and the outermost aten op the host was in, "-" for none) over the gaps; `after_sync_ms`: the
+    time of gaps that began while the host waited in a sync. Raises ValueError as summarize_trace does for
+    malformed input."""
     summary = summarize_trace(events)
     gpu, apis, ops, marks = [], [], [], []
     for i, ev in enumerate(events):
@@ -333,7 +334,8 @@ def unit_timeline(events: list[dict], span: tuple[float, float] | None = None) -
     for s, e, n, c in apis:
         by_class.setdefault(api_cause(n, gpu_name.get(c, "")), []).append((s, e))
     by_class.setdefault("sync", []).extend((s, e) for s, e, n, _ in ops if n in SYNC_OPS)
-    order = [(cause, by_class.get(cause, [])) for cause in GAP_CAUSES[:11]] + [("eager_op", [(s, e) for s, e, *_ in ops])]
+    order = [(cause, by_class.get(cause, [])) for cause in GAP_CAUSES[:11]]
+    order.append(("eager_op", [(s, e) for s, e, *_ in ops]))
     labelled = [(s, e, g, c) for s, e, g, c in assigned]
     for cause, cover in order:
         inside, pieces = _split(sorted(pieces), _merge(cover))
@@ -370,7 +372,7 @@ def unit_timeline(events: list[dict], span: tuple[float, float] | None = None) -
     wall = _ms(hi - lo)
     return {"wall_ms": wall, "kernel_busy_ms": round(kernel_busy, 4), "gpu_busy_ms": _ms(sum(e - s for s, e in busy)),
             "tail_over_kernel_busy_x": round(wall / kernel_busy, 4) if kernel_busy > 0 else None,
-            "kernels": summary["kernels"], "kernel_launches": summary["kernel_launches"],
+            "kernels": sum(k == "kernel" for *_, k in gpu), "kernel_launches": summary["kernel_launches"],
             "graph_launches": summary["graph_launches"], "gaps": len(rows),
             "gaps_ms": _ms(sum(b - a for a, b, _ in gaps)),
             "by_cause": {k: _ms(v) for k, v in sorted(by_cause.items(), key=lambda kv: -kv[1])},
@@ -431,7 +433,8 @@ def data_movement(events: list[dict]) -> dict:
         elif cat == "gpu_memset":
             fills += 1
     moved = sum(k["count"] for k in kinds.values())
-    return {"kernels": kernels, "movement_kernels": moved, "movement_share": round(moved / kernels, 4) if kernels else None,
+    return {"kernels": kernels, "movement_kernels": moved,
+            "movement_share": round(moved / kernels, 4) if kernels else None,
             "movement_ms": round(sum(k["ms"] for k in kinds.values()), 4),
             "by_kind": {k: {"count": v["count"], "ms": round(v["ms"], 4)} for k, v in kinds.items()},
             "memcpy_dtod": dtod, "fills": fills}
