@@ -49,6 +49,15 @@ def test_a_slow_staircase_under_the_growth_bound_is_a_monotone_trend():
     assert f["quarter_medians_mib"] == [1000.0, 1004.0, 1008.0, 1012.0]
 
 
+def test_one_step_up_is_judged_by_its_growth_alone():
+    # an allocator taking one more 8 MiB segment mid-window: quarter medians 1000, 1000, 1008, 1008 (not a
+    # rise at every step); the fit's growth is ~12 MiB = 1.2% <= 2%
+    f = trend.flatness(1000.0 + 8.0 * (np.arange(W) >= W // 2))
+    assert not f["trend"] and f["flat"] and 1.0 < f["growth_pct"] < 1.5, f
+    big = trend.flatness(1000.0 + 40.0 * (np.arange(W) >= W // 2))      # 40 MiB kept for good: ~6%
+    assert not big["flat"] and not big["trend"] and "growth" in big["reason"], big
+
+
 def test_a_rise_within_the_trend_bound_is_flat():
     steps = 1000.0 + 1.0 * (np.arange(W) // 25)           # quarter medians rise by 3 MiB in all: 0.3%
     f = trend.flatness(steps)

@@ -11,7 +11,8 @@ The rule (`flatness`, `RULE`): over the last `window` samples (cycles), fit memo
 cycle index and those counts; growth = the cycle coefficient x (window - 1), what the fit says memory grew
 over the window with the open sessions' share taken out. A series is flat when (1) growth <= GROWTH_PCT % of
 the window's median and (2) it shows no monotone trend: the medians of the count-adjusted series in
-QUARTERS consecutive parts of the window do not rise at every step while the last exceeds the first by more
+QUARTERS consecutive parts of the window do not rise at every step (strictly: a single step up, such as an
+allocator taking one more segment, is judged by its growth alone) while the last exceeds the first by more
 than TREND_PCT % of the median. Fewer samples than the window: not shown flat (the target needs that many).
 """
 from __future__ import annotations
@@ -30,7 +31,8 @@ QUARTERS = 4
 RULE = (f"flat: over the last {WINDOW} closes (or --window), the cycle coefficient of a least-squares fit of "
         f"memory on the cycle index and the counts of open sessions and in-call threads per kind, times "
         f"(window - 1), is <= {GROWTH_PCT:g}% of the window's median; and the count-adjusted series' "
-        f"{QUARTERS} quarter medians do not rise at every step by more than {TREND_PCT:g}% of the median in all")
+        f"{QUARTERS} quarter medians do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median "
+        f"in all")
 
 
 class MemorySampler:
@@ -113,7 +115,7 @@ def flatness(values, counts: dict[str, list] | None = None, *, window: int = WIN
     pct = 100.0 * growth / level if level > 0 else (0.0 if growth <= 0 else float("inf"))
     medians = [float(np.median(part)) for part in np.array_split(adjusted, QUARTERS)]
     rise = medians[-1] - medians[0]
-    trend = bool(all(b >= a for a, b in zip(medians, medians[1:])) and level > 0
+    trend = bool(all(b > a for a, b in zip(medians, medians[1:])) and level > 0
                  and rise > trend_pct / 100.0 * level)
     reasons = []
     if pct > growth_pct:
