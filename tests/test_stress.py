@@ -169,6 +169,18 @@ def test_a_session_refused_at_open_waits_for_a_close_and_opens_then():
     assert rec["summary"]["differing_units"] == 0 and rec["summary"]["units_compared"] > 0
 
 
+def test_the_record_so_far_comes_before_the_references_and_fresh_references_build_another_instance():
+    target, seen = fake_target("plain"), []
+    rec = quick([target], reference="fresh", on_stress=seen.append)
+    (partial,) = seen
+    assert not partial["finished"] and partial["references"] == {} and partial["summary"]["units_compared"] == 0
+    assert any(r.startswith("run not finished") for r in partial["invalid_reasons"])
+    assert partial["summary"]["units"] == rec["summary"]["units"] > 0
+    assert rec["finished"] and rec["invalid_reasons"] == []
+    assert rec["summary"]["units_compared"] == rec["summary"]["units"]
+    assert len(target.adapter.builds) == 2 and rec["parameters"]["reference"] == "fresh"   # the stress's, the fresh one
+
+
 def test_exceptions_are_recorded_with_their_traceback_and_counted():
     rec = quick([fake_target("fails", adapter=adapter_of(FailsOnSomeUnits))])
     excs = rec["exceptions"]

@@ -22,10 +22,10 @@ Reference: after the stress, each (workload, mode, script) that ran is run alone
 process, up to the longest prefix any of its sessions spoke, on the same instance (--reference shared) or
 on one built the same way (fresh); every unit's sha256 (float32 waveform, int16 PCM) must equal its
 session's. The threads and sessions: suite.measure.stress_session; memory: suite.measure.trend (a sample
-after every close, and the flatness rule). Writes
-DIR/stress.json (schema STRESS_SCHEMA) and prints a short table last. Exit status 0 only with zero
-differing units, zero exceptions, flat memory and nothing left in force (bind patches, leased capture
-streams); EXIT_INVALID (1) otherwise; 2 for bad arguments.
+after every close, and the flatness rule). DIR/stress.json (schema STRESS_SCHEMA) is written when the
+threads are done (verdict PARTIAL) and again at the end; a short table is printed last. Exit status 0 only
+with zero differing units, zero exceptions, flat memory and nothing left in force (bind patches, leased
+capture streams); EXIT_INVALID (1) otherwise; 2 for bad arguments.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from duplexcadence import bind, graphs, runtime
 from suite.measure import env, trend
 from suite.measure.session import make_spec
 from suite.measure.stress_session import HANG_S, COLUMNS, Stress, Target, by_kind, compare, references
-from suite.records import DIRTY_TREE, EXIT_INVALID, STRESS_SCHEMA, jsonable
+from suite.records import DIRTY_TREE, EXIT_INVALID, NOT_FINISHED, STRESS_SCHEMA, jsonable
 from workloads import traffic
 
 MODES = ("stock", "cadence")
@@ -75,60 +75,70 @@ def build_targets(names, device, *, depth="released", steps=None, prompt_seconds
 
 # --- the run --------------------------------------------------------------------------------------------
 def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_units=12, device="cpu",
-               window=trend.WINDOW, reference="shared", progress=True, hang_s=HANG_S) -> dict:
+               window=trend.WINDOW, reference="shared", progress=True, hang_s=HANG_S, on_stress=None) -> dict:
     """The stress on built `targets` and its record (without provenance): parameters, summary, per-kind rows,
     sessions, differences, exceptions, references, memory (samples, flatness, start / end), checks, reasons.
-    Raises ValueError for an unknown mode or reference."""
+    on_stress(record): called once the threads are done, before the references run, with the record so far
+    (no unit compared yet). Raises ValueError for an unknown mode or reference."""
     if any(m not in MODES for m in modes) or reference not in REFERENCES:
         raise ValueError(f"modes: expected a subset of {MODES}, reference one of {REFERENCES}; got {modes}, "
                          f"{reference!r}")
     stress = Stress(targets, modes, threads=threads, seconds=seconds, seed=seed, max_units=max_units,
                     device=device, progress=progress, hang_s=hang_s)
-    start_memory = stress.sampler.now()
-    wall = stress.run()
+    facts = {"start": stress.sampler.now(), "wall_s": stress.run()}
     if stress.device.type == "cuda":
         torch.cuda.synchronize(stress.device)
-    end_memory, live_patches, leased = stress.sampler.now(), bind.live(), graphs.STREAMS.leased()
-    in_stress = len(stress.exceptions)
+    facts.update(end=stress.sampler.now(), in_stress=len(stress.exceptions),
+                 checks={"bind_patches_live_after": bind.live(), "streams_leased_after": graphs.STREAMS.leased()})
+    params = {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads, "seconds": seconds,
+              "seed": seed, "max_units": max_units, "window": window, "hang_s": hang_s, "reference": reference,
+              "device": str(device), "specs": {t.name: t.spec for t in targets},
+              "scripts": {t.name: [str(s.path) for s in t.scripts] for t in targets}}
+    if on_stress is not None:
+        on_stress(judge(stress, None, params, facts))
     if progress:
-        print(f"  stress done: {len(stress.sessions)} sessions in {wall:.0f} s; references ...", flush=True)
-    refs = references(stress, fresh=reference == "fresh")
-    compared, missing, diffs = compare(stress.sessions, refs)
+        print(f"  stress done: {len(stress.sessions)} sessions in {facts['wall_s']:.0f} s; references ...",
+              flush=True)
+    return judge(stress, references(stress, fresh=reference == "fresh"), params, facts)
+
+
+def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
+    """The record of a finished stress against `refs` (None: not run yet; the record then says so)."""
+    compared, missing, diffs = compare(stress.sessions, refs or {})
     series = stress.sampler.series()
-    flat = trend.judge(series, window)
+    flat = trend.judge(series, params["window"])
     kinds = by_kind(stress.sessions, diffs, stress.exceptions)
-    summary = {"wall_s": wall, "cycles": len(series["memory"].get("rss_mib", [])),
+    summary = {"wall_s": facts["wall_s"], "cycles": len(series["memory"].get("rss_mib", [])),
                **{c: sum(k[c] for k in kinds.values()) for c in COLUMNS}, "units_compared": compared,
                "units_without_reference": missing, "exceptions": len(stress.exceptions)}
     reasons = [f"{len(diffs)} of {compared} units differ from the same session run alone"] if diffs else []
     if stress.exceptions:
-        reasons.append(f"{len(stress.exceptions)} exceptions ({in_stress} in the stress, "
-                       f"{len(stress.exceptions) - in_stress} in the references)")
+        reasons.append(f"{len(stress.exceptions)} exceptions ({facts['in_stress']} in the stress, "
+                       f"{len(stress.exceptions) - facts['in_stress']} in the references)")
     if stress.hung:
-        reasons.append(f"{stress.hung} threads hung (still running {hang_s:g} s after the deadline; their stacks "
-                       f"are in the exceptions): no reference was run")
-    if missing:
+        reasons.append(f"{stress.hung} threads hung (still running {params['hang_s']:g} s after the deadline; "
+                       f"their stacks are in the exceptions): no reference was run")
+    if refs is None:
+        reasons.append(f"{NOT_FINISHED}: the references have not run yet")
+    elif missing:
         reasons.append(f"{missing} units have no reference (its run alone failed or spoke less)")
-    if not compared:
+    if refs is not None and not compared:
         reasons.append("no unit was compared")
     reasons += [f"memory {name} not flat: {f['reason']}" for name, f in flat.items() if not f["flat"]]
-    if live_patches:
-        reasons.append(f"{live_patches} bind patches still in force after every session closed")
-    if leased:
-        reasons.append(f"{leased} CUDA streams still leased after every session closed (a closed session's "
-                       f"graph cache is alive)")
-    return {"parameters": {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads,
-                           "seconds": seconds, "seed": seed, "max_units": max_units, "window": window, "hang_s": hang_s,
-                           "reference": reference, "device": str(device), "specs": {t.name: t.spec for t in targets},
-                           "scripts": {t.name: [str(s.path) for s in t.scripts] for t in targets}},
-            "summary": summary, "by_kind": kinds, "sessions": [r.row() for r in stress.sessions],
-            "differences": diffs[:KEPT_DIFFERENCES], "exceptions": stress.exceptions,
+    checks = facts["checks"]
+    if checks["bind_patches_live_after"]:
+        reasons.append(f"{checks['bind_patches_live_after']} bind patches still in force after every session closed")
+    if checks["streams_leased_after"]:
+        reasons.append(f"{checks['streams_leased_after']} CUDA streams still leased after every session closed (a "
+                       f"closed session's graph cache is alive)")
+    return {"parameters": params, "summary": summary, "by_kind": kinds,
+            "sessions": [r.row() for r in stress.sessions], "differences": diffs[:KEPT_DIFFERENCES],
+            "exceptions": list(stress.exceptions),
             "references": {"/".join(map(str, k)): {"units": len(r.hashes), "sha256": r.hashes}
-                           for k, r in refs.items()},
-            "memory": {"rule": trend.RULE, "window": window, "driver_source": stress.sampler.driver_source,
-                       "start": start_memory, "end": end_memory, "flatness": flat, "samples": series},
-            "checks": {"bind_patches_live_after": live_patches, "streams_leased_after": leased},
-            "invalid_reasons": reasons}
+                           for k, r in (refs or {}).items()},
+            "memory": {"rule": trend.RULE, "window": params["window"], "driver_source": stress.sampler.driver_source,
+                       "start": facts["start"], "end": facts["end"], "flatness": flat, "samples": series},
+            "checks": checks, "invalid_reasons": reasons, "finished": refs is not None}
 
 
 def table(record: dict) -> str:
@@ -155,13 +165,18 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
         targets = build_targets(args.workloads, device, depth=args.depth, steps=args.steps,
                                 prompt_seconds=args.prompt_seconds, seed=args.seed, scripts=args.scripts,
                                 script_seconds=args.script_seconds)
-        body = stress_run(targets, modes=args.modes, threads=args.threads, seconds=args.seconds, seed=args.seed,
-                          max_units=args.max_units, device=device, window=args.window, reference=args.reference,
-                          progress=args.progress, hang_s=args.hang_s)
-    reasons = body.pop("invalid_reasons") + ([DIRTY_TREE] if prov.get("git_dirty") else [])
-    record = {"schema": STRESS_SCHEMA, "provenance": prov, "determinism": det, **body,
-              "verdict": "INVALID" if reasons else "VALID", "invalid_reasons": reasons}
-    (out / "stress.json").write_text(json.dumps(jsonable(record), indent=1) + "\n")
+
+        def write(body: dict) -> dict:
+            reasons = body.pop("invalid_reasons") + ([DIRTY_TREE] if prov.get("git_dirty") else [])
+            verdict = ("INVALID" if reasons else "VALID") if body.pop("finished") else "PARTIAL"
+            record = {"schema": STRESS_SCHEMA, "provenance": prov, "determinism": det, **body,
+                      "verdict": verdict, "invalid_reasons": reasons}
+            (out / "stress.json").write_text(json.dumps(jsonable(record), indent=1) + "\n")
+            return record
+        record = write(stress_run(targets, modes=args.modes, threads=args.threads, seconds=args.seconds,
+                                  seed=args.seed, max_units=args.max_units, device=device, window=args.window,
+                                  reference=args.reference, progress=args.progress, hang_s=args.hang_s,
+                                  on_stress=write))
     if args.progress:
         print(f"wrote {out / 'stress.json'}")
     print(table(record), flush=True)
@@ -228,7 +243,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         device = torch.device(args.device)
     except RuntimeError:
         device = None
-    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cuda"
+                                                                and not torch.cuda.is_available()):
         parser.error(f"--device: expected cpu or an available CUDA device (cuda, cuda:N), got {args.device!r}")
 
 
