@@ -157,6 +157,9 @@ def test_honest_fakes_pass_and_sessions_that_may_not_run_concurrently_are_serial
     for mode in ("stock", "cadence"):
         kind = rec["by_kind"][f"one_thread/{mode}"]
         assert kind["serialised"] == kind["opened"] > 0 and rec["by_kind"][f"plain/{mode}"]["serialised"] == 0
+    plain = rec["by_kind"]["plain/cadence"]              # the fake's prepare(None) captures 3 signatures
+    assert plain["captures"] == 3 * plain["opened"] and rec["by_kind"]["plain/stock"]["captures"] == 0
+    assert plain["replays"] + plain["eager_fallbacks"] == plain["units"]
     assert rec["memory"]["flatness"]["rss_mib"]["flat"], rec["memory"]["flatness"]
 
 

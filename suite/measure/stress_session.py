@@ -25,6 +25,9 @@ from suite.measure.session import open_session
 RETRY_S = 0.2                  # a refused open is retried at least this often (and at every close)
 PROGRESS_S = 10.0              # a progress line at most this often
 HANG_S = 120.0                 # a thread still running this long after the deadline is hung
+#: SessionStats counters read at close (graph captures ahead, replays, steps run eagerly for want of a graph,
+#: captures that failed and run eagerly since)
+GRAPH_COUNTERS = ("captures", "replays", "eager_fallbacks", "capture_failures")
 
 
 @dataclass
@@ -62,6 +65,7 @@ class SessionRecord:
     mid_turn: bool = False          # closed with a turn open
     cut_by_deadline: bool = False
     exception: int | None = None    # index into the run's exceptions
+    graphs: dict = field(default_factory=dict)                # GRAPH_COUNTERS at close
     hashes: list = field(default_factory=list, repr=False)    # (sha256_f32, sha256_pcm16) per unit spoken
 
     def row(self) -> dict:
@@ -191,6 +195,8 @@ class Stress:
             if session is not None:
                 try:
                     with (target.lock if rec.serialised else contextlib.nullcontext()), self.calling(kind):
+                        stats = session.stats()
+                        rec.graphs = {k: getattr(stats, k) for k in GRAPH_COUNTERS}
                         session.close()
                 except Exception as exc:   # noqa: BLE001
                     self.record_exception(rec, "close", None, exc)
@@ -302,18 +308,19 @@ def compare(sessions: list[SessionRecord], refs: dict) -> tuple[int, int, list[d
 
 
 COLUMNS = ("sessions", "opened", "serialised", "refused_at_open", "closed_mid_turn", "cut_by_deadline", "units",
-           "differing_units", "exceptions")
+           "differing_units", "exceptions", *GRAPH_COUNTERS)
 
 
 def by_kind(sessions: list[SessionRecord], diffs: list[dict], exceptions: list[dict]) -> dict:
     """Per "workload/mode", the COLUMNS: sessions drawn, opened, serialised, refused at open at least once, closed
-    mid-turn, cut by the deadline, units spoken, differing units, exceptions."""
+    mid-turn, cut by the deadline, units spoken, differing units, exceptions, and the GRAPH_COUNTERS summed."""
     out: dict[str, dict] = {}
     for r in sessions:
         row = out.setdefault(f"{r.workload}/{r.mode}", dict.fromkeys(COLUMNS, 0))
         for col, value in (("sessions", 1), ("opened", r.opened), ("serialised", r.serialised),
                            ("refused_at_open", r.refused_at_open > 0), ("closed_mid_turn", r.mid_turn),
-                           ("cut_by_deadline", r.cut_by_deadline), ("units", r.spoken_units)):
+                           ("cut_by_deadline", r.cut_by_deadline), ("units", r.spoken_units),
+                           *((k, r.graphs.get(k, 0)) for k in GRAPH_COUNTERS)):
             row[col] += int(value)
     for col, items in (("differing_units", diffs), ("exceptions", exceptions)):
         for d in items:

@@ -4,8 +4,10 @@ A sample (`MemorySampler.sample`) holds the process's resident set size and, on 
 reserved bytes and the driver's used memory (NVML, else cudaMemGetInfo: it sees CUDA VMM arenas and graph
 pools, which torch's allocator statistics cannot), all MiB, beside the counts that explain memory without
 being growth: how many sessions of each kind are open at the sample and how many threads are inside a
-session call of each kind (their unit's temporaries). Nothing here collects garbage or empties a cache:
-what a close does not free stays in the samples.
+session call of each kind (their unit's temporaries). On CUDA torch's cache is emptied first
+(`torch.cuda.empty_cache()`, as every graph capture does in torch.cuda.graph): blocks no tensor uses go back
+to the driver, so reserved and driver figures are what tensors, graph pools, arenas and the context hold,
+not how full the cache happened to be. Nothing collects garbage: what a close does not free stays.
 
 The rule (`flatness`, `RULE`): over the last `window` samples (cycles), fit memory by least squares on the
 cycle index and those counts; growth = the cycle coefficient x (window - 1), what the fit says memory grew
@@ -49,9 +51,11 @@ class MemorySampler:
         self.rows: list[dict] = []
 
     def now(self) -> dict:
-        """Memory now, MiB: rss_mib, and on CUDA alloc_mib, reserved_mib, driver_used_mib."""
+        """Memory now, MiB: rss_mib, and on CUDA (after emptying torch's cache) alloc_mib, reserved_mib,
+        driver_used_mib."""
         out = {"rss_mib": rss_mib()}
         if self.cuda:
+            torch.cuda.empty_cache()
             out.update(alloc_mib=torch.cuda.memory_allocated(self.device) / MIB,
                        reserved_mib=torch.cuda.memory_reserved(self.device) / MIB,
                        driver_used_mib=self.driver.used_mib())
