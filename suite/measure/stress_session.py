@@ -117,15 +117,16 @@ class Stress:
                                     "traceback": tb[-8000:]})
 
     def closed(self, target: Target, kind: str) -> None:
-        """After a close: the open count drops, a memory sample (during the stress), waiting openers wake."""
+        """After a close: the open count drops, waiting openers wake, and before the deadline a memory sample (the
+        closes after it drain the run: fewer sessions open each time, which is not what a server at load sees)."""
         with self.lock:
             self.counts[f"open:{kind}"] -= 1
             snapshot = dict(self.counts)
-        if not self.sampling:
-            return
-        self.sampler.sample(snapshot)
         with target.closed:
             target.closed.notify_all()
+        if not self.sampling or self.past():
+            return
+        self.sampler.sample(snapshot)
         now = time.perf_counter()
         if self.progress and now - self.last_print >= PROGRESS_S:
             self.last_print = now
