@@ -48,7 +48,7 @@ def test_mixed_real_sessions_on_threads_equal_each_alone(real_targets):
     s = rec["summary"]
     assert rec["exceptions"] == [] and s["exceptions"] == 0, rec["exceptions"]
     assert s["differing_units"] == 0 and rec["differences"] == []
-    assert s["units_compared"] == s["units"] >= 8 and s["units_without_reference"] == 0
+    assert s["units_compared"] == s["units"] >= 4 and s["units_without_reference"] == 0     # 4 first units at least
     spoke = {k for k, v in rec["by_kind"].items() if v["units"]}
     assert {"moshi/stock", "minicpmo45/stock", "qwen3_omni/cadence", "minicpmo45/cadence"} <= spoke, rec["by_kind"]
     assert s["opened"] - 4 <= s["cycles"] <= s["opened"] and s["closed_mid_turn"] >= 1    # closes at load
