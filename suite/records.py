@@ -317,6 +317,11 @@ def headline(memory: dict) -> tuple[str, float | None]:
     return "none", None
 
 
+# --- stress records -------------------------------------------------------------------------------------
+#: stress.json (suite.measure.stress): sessions opening, speaking and closing on many threads, against each alone
+STRESS_SCHEMA = "duplexcadence.stress/1"
+
+
 # --- duplex records ------------------------------------------------------------------------------------
 MIN_SECONDS = 60.0                          # zero misses are claimed over 60 s runs
 NOT_FINISHED = "run not finished"           # the reason of a checkpoint (verdict PARTIAL)

@@ -1,0 +1,267 @@
+"""Sessions that share a model stay independent under load: N host threads open, speak and close sessions of
+mixed workloads on one device, and every unit's bytes are compared with the same session run alone.
+
+    python -m suite.measure.stress --workloads minicpmo45,moshi,qwen3_omni,stepaudio2_mini --device cuda \
+        --threads 16 --seconds 600 --seed 0 --out DIR
+
+One model instance per workload (built as the other harnesses build it), shared by every session of that
+workload, stock and cadence mixed. Until --seconds are up each thread draws, from its own seeded generator,
+a workload, a mode, one of the workload's --scripts session scripts (`workloads.traffic`: real turn-taking
+windows of --script-seconds, payloads from their own seeds) and a unit count n in [0, --max-units]; it opens
+a session (`prepare(None)`: what a server captures for the voice), speaks the first n units of the script
+that carry work (`start_turn()` at a turn's first SPEAK unit, `final` on its last), closes it, mid-turn or
+not, and draws the next. Nothing is paced: the threads speak as fast as they can, so their steps interleave.
+
+Sessions an adapter refuses to share: a ConcurrencyError at open is retried whenever another session of the
+model closes (counted: refused_at_open); a session whose `capabilities.concurrent` is False makes every call
+under a lock of its model instance that the harness holds (counted: serialised), as suite.measure.duplex's
+threads policy does. Every other exception is recorded with its traceback and counted; the session is
+closed and the thread goes on.
+
+Reference: after the stress, each (workload, mode, script) that ran is run alone, sequentially, in this
+process, up to the longest prefix any of its sessions spoke, on the same instance (--reference shared) or
+on one built the same way (fresh); every unit's sha256 (float32 waveform, int16 PCM) must equal its
+session's. The threads and sessions: suite.measure.stress_session; memory: suite.measure.trend (a sample
+after every close, and the flatness rule). DIR/stress.json (schema STRESS_SCHEMA) is written when the
+threads are done (verdict PARTIAL) and again at the end; a short table is printed last. Exit status 0 only
+with zero differing units, zero exceptions, flat memory and nothing left in force (bind patches, leased
+capture streams); EXIT_INVALID (1) otherwise; 2 for bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+import workloads
+from duplexcadence import bind, graphs, runtime
+from suite.measure import env, trend
+from suite.measure.session import make_spec
+from suite.measure.stress_session import HANG_S, COLUMNS, Stress, Target, by_kind, compare, references
+from suite.records import DIRTY_TREE, EXIT_INVALID, NOT_FINISHED, STRESS_SCHEMA, jsonable
+from workloads import traffic
+
+MODES = ("stock", "cadence")
+REFERENCES = ("shared", "fresh")
+KEPT_DIFFERENCES = 200         # differing units kept in the record (all are counted)
+
+
+def build_targets(names, device, *, depth="released", steps=None, prompt_seconds=None, seed=0, scripts=4,
+                  script_seconds=30) -> list[Target]:
+    """A Target per workload name, its model built (seeded weights: the workload's seeds["weights"]) and its
+    `scripts` session scripts from `workloads.traffic(architecture, scripts, units=script_seconds, seed=seed)`.
+    steps / prompt_seconds: override Euler steps and voice-prompt seconds where the workload has them.
+    Raises KeyError for an unknown workload."""
+    out = []
+    for name in names:
+        wl = workloads.get(name)
+        spec = make_spec(wl, steps if wl.euler_steps is not None else None)
+        if prompt_seconds is not None and wl.voice_prompt is not None:
+            spec["prompt_seconds"] = prompt_seconds
+        adapter = runtime.adapter(wl.architecture)
+
+        def build(adapter=adapter, spec=spec, wl=wl):
+            return adapter.build_model(spec, device=device, depth=depth, seed=wl.seeds.get("weights", 0))
+        arrivals = traffic.traffic(wl.architecture, scripts, units=script_seconds, seed=seed)
+        target = Target(name, wl.architecture, adapter, spec, [a.script for a in arrivals], build)
+        target.model = build()
+        out.append(target)
+    return out
+
+
+# --- the run --------------------------------------------------------------------------------------------
+def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_units=12, device="cpu",
+               window=trend.WINDOW, reference="shared", progress=True, hang_s=HANG_S, on_stress=None) -> dict:
+    """The stress on built `targets` and its record (without provenance): parameters, summary, per-kind rows,
+    sessions, differences, exceptions, references, memory (samples, flatness, start / end), checks, reasons.
+    on_stress(record): called once the threads are done, before the references run, with the record so far
+    (no unit compared yet). Raises ValueError for an unknown mode or reference."""
+    if any(m not in MODES for m in modes) or reference not in REFERENCES:
+        raise ValueError(f"modes: expected a subset of {MODES}, reference one of {REFERENCES}; got {modes}, "
+                         f"{reference!r}")
+    stress = Stress(targets, modes, threads=threads, seconds=seconds, seed=seed, max_units=max_units,
+                    device=device, progress=progress, hang_s=hang_s)
+    facts = {"start": stress.sampler.now(), "wall_s": stress.run()}
+    if stress.device.type == "cuda":
+        torch.cuda.synchronize(stress.device)
+    facts.update(end=stress.sampler.now(), in_stress=len(stress.exceptions),
+                 checks={"bind_patches_live_after": bind.live(), "streams_leased_after": graphs.STREAMS.leased()})
+    params = {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads, "seconds": seconds,
+              "seed": seed, "max_units": max_units, "window": window, "hang_s": hang_s, "reference": reference,
+              "device": str(device), "specs": {t.name: t.spec for t in targets},
+              "scripts": {t.name: [str(s.path) for s in t.scripts] for t in targets}}
+    if on_stress is not None:
+        on_stress(judge(stress, None, params, facts))
+    if progress:
+        print(f"  stress done: {len(stress.sessions)} sessions in {facts['wall_s']:.0f} s; references ...",
+              flush=True)
+    return judge(stress, references(stress, fresh=reference == "fresh"), params, facts)
+
+
+def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
+    """The record of a finished stress against `refs` (None: not run yet; the record then says so)."""
+    compared, missing, diffs = compare(stress.sessions, refs or {})
+    series = stress.sampler.series()
+    flat = trend.judge(series, params["window"])
+    kinds = by_kind(stress.sessions, diffs, stress.exceptions)
+    summary = {"wall_s": facts["wall_s"], "cycles": len(series["memory"].get("rss_mib", [])),
+               **{c: sum(k[c] for k in kinds.values()) for c in COLUMNS}, "units_compared": compared,
+               "units_without_reference": missing, "exceptions": len(stress.exceptions)}
+    reasons = [f"{len(diffs)} of {compared} units differ from the same session run alone"] if diffs else []
+    if stress.exceptions:
+        reasons.append(f"{len(stress.exceptions)} exceptions ({facts['in_stress']} in the stress, "
+                       f"{len(stress.exceptions) - facts['in_stress']} in the references)")
+    if stress.hung:
+        reasons.append(f"{stress.hung} threads hung (still running {params['hang_s']:g} s after the deadline; "
+                       f"their stacks are in the exceptions): no reference was run")
+    if refs is None:
+        reasons.append(f"{NOT_FINISHED}: the references have not run yet")
+    elif missing:
+        reasons.append(f"{missing} units have no reference (its run alone failed or spoke less)")
+    if refs is not None and not compared:
+        reasons.append("no unit was compared")
+    reasons += [f"memory {name} not flat: {f['reason']}" for name, f in flat.items() if not f["flat"]]
+    checks = facts["checks"]
+    if checks["bind_patches_live_after"]:
+        reasons.append(f"{checks['bind_patches_live_after']} bind patches still in force after every session closed")
+    if checks["streams_leased_after"]:
+        reasons.append(f"{checks['streams_leased_after']} CUDA streams still leased after every session closed (a "
+                       f"closed session's graph cache is alive)")
+    return {"parameters": params, "summary": summary, "by_kind": kinds,
+            "sessions": [r.row() for r in stress.sessions], "differences": diffs[:KEPT_DIFFERENCES],
+            "exceptions": list(stress.exceptions),
+            "references": {"/".join(map(str, k)): {"units": len(r.hashes), "sha256": r.hashes}
+                           for k, r in (refs or {}).items()},
+            "memory": {"rule": trend.RULE, "window": params["window"], "driver_source": stress.sampler.driver_source,
+                       "start": facts["start"], "end": facts["end"], "flatness": flat, "samples": series},
+            "checks": checks, "invalid_reasons": reasons, "finished": refs is not None}
+
+
+def table(record: dict) -> str:
+    """The short summary table: per kind, then per memory series, then the verdict."""
+    cols = ("sessions", "serialised", "refused_at_open", "closed_mid_turn", "units", "differing_units", "exceptions",
+            "eager_fallbacks", "capture_failures")
+    kinds = tabulate([[k, *(v[c] for c in cols)] for k, v in record["by_kind"].items()],
+                     headers=["workload/mode", *(c.replace("_", " ") for c in cols)])
+    mem = [[name, f["cycles"], f.get("slope_mib_per_cycle"), f.get("growth_pct"), f["flat"]]
+           for name, f in record["memory"]["flatness"].items()]
+    memory = tabulate(mem, headers=["memory", "cycles", "slope MiB/cycle", "growth %", "flat"], floatfmt=".3f")
+    reasons = record["invalid_reasons"]
+    return f"{kinds}\n\n{memory}\n\nverdict {record['verdict']}" + (f": {'; '.join(reasons)}" if reasons else "")
+
+
+def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
+    """The CLI's work: build the targets, run, write args.out/stress.json, print the table. Returns the record."""
+    device = torch.device(args.device)
+    prov = env.provenance(command, device=device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with env.deterministic() as det:
+        if args.progress:
+            print(f"stress: building {', '.join(args.workloads)} on {device} ({args.depth})", flush=True)
+        targets = build_targets(args.workloads, device, depth=args.depth, steps=args.steps,
+                                prompt_seconds=args.prompt_seconds, seed=args.seed, scripts=args.scripts,
+                                script_seconds=args.script_seconds)
+
+        def write(body: dict) -> dict:
+            reasons = body.pop("invalid_reasons") + ([DIRTY_TREE] if prov.get("git_dirty") else [])
+            verdict = ("INVALID" if reasons else "VALID") if body.pop("finished") else "PARTIAL"
+            record = {"schema": STRESS_SCHEMA, "provenance": prov, "determinism": det, **body,
+                      "verdict": verdict, "invalid_reasons": reasons}
+            (out / "stress.json").write_text(json.dumps(jsonable(record), indent=1) + "\n")
+            return record
+        record = write(stress_run(targets, modes=args.modes, threads=args.threads, seconds=args.seconds,
+                                  seed=args.seed, max_units=args.max_units, device=device, window=args.window,
+                                  reference=args.reference, progress=args.progress, hang_s=args.hang_s,
+                                  on_stress=write))
+    if args.progress:
+        print(f"wrote {out / 'stress.json'}")
+    print(table(record), flush=True)
+    return record
+
+
+def _at_least(kind, low, strict: bool = False):
+    """An argparse type: a finite `kind` >= low (> low when strict), else an error naming the bound."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not abs(value) < float("inf") or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"expected a finite {kind.__name__} {'>' if strict else '>='} {low}, "
+                                             f"got {text!r}")
+        return value
+    return parse
+
+
+def _names(text: str) -> list[str]:
+    return [w.strip() for w in text.split(",") if w.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m suite.measure.stress", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", type=_names, default=["minicpmo45", "moshi", "qwen3_omni", "stepaudio2_mini"],
+                   help="workload names, comma-separated")
+    p.add_argument("--modes", type=_names, default=list(MODES), help="modes to mix, comma-separated")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=_at_least(int, 1), default=16)
+    p.add_argument("--seconds", type=_at_least(float, 0, strict=True), default=600.0, help="seconds of stress")
+    p.add_argument("--seed", type=_at_least(int, 0), default=0)
+    p.add_argument("--max-units", type=_at_least(int, 0), default=12,
+                   help="most units with work a session speaks before it closes")
+    p.add_argument("--scripts", type=_at_least(int, 1), default=4, help="session scripts per workload")
+    p.add_argument("--script-seconds", type=_at_least(int, 1), default=30,
+                   help="length of each session script (seconds of turn timings)")
+    p.add_argument("--window", type=_at_least(int, 2 * trend.QUARTERS), default=trend.WINDOW,
+                   help="closes the memory rule is judged over (the last ones)")
+    p.add_argument("--reference", choices=REFERENCES, default="shared",
+                   help="the sessions run alone on the stress's instances (shared) or on new ones built the same way")
+    p.add_argument("--hang-s", type=_at_least(float, 0, strict=True), default=HANG_S,
+                   help="a thread still in a session this long after the deadline is recorded as hung")
+    p.add_argument("--depth", default="released", choices=("released", "reduced"))
+    p.add_argument("--steps", type=_at_least(int, 1), default=None, help="override the Euler steps")
+    p.add_argument("--prompt-seconds", type=_at_least(float, 0, strict=True), default=None,
+                   help="override the voice prompt's seconds")
+    p.add_argument("--out", required=True)
+    p.add_argument("--quiet", dest="progress", action="store_false")
+    return p
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every flag's value, before any model is built: parser.error (exit status 2) naming the flag."""
+    unknown = [n for n in args.workloads if n not in workloads.names()]
+    if unknown or not args.workloads or len(set(args.workloads)) != len(args.workloads):
+        parser.error(f"--workloads: expected distinct names of {workloads.names()}, got {args.workloads}")
+    if not args.modes or any(m not in MODES for m in args.modes) or len(set(args.modes)) != len(args.modes):
+        parser.error(f"--modes: expected distinct modes of {list(MODES)}, got {args.modes}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        parser.error(f"--out: expected a folder (new or existing), got the file {args.out!r}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cuda"
+                                                                and not torch.cuda.is_available()):
+        parser.error(f"--device: expected cpu or an available CUDA device (cuda, cuda:N), got {args.device!r}")
+
+
+def exit_status(record: dict) -> int:
+    return 0 if record["verdict"] == "VALID" else EXIT_INVALID
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return exit_status(run(args, ["python", "-m", "suite.measure.stress", *argv]))
+
+
+if __name__ == "__main__":
+    import faulthandler
+    faulthandler.enable()
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""One stress session and the threads that run them (suite.measure.stress): `Target` (a workload's shared model
+instance, its session scripts and the harness's lock), `SessionRecord`, `Stress` (each thread's loop: draw,
+open, prepare, speak, close; exceptions recorded with their traceback; a memory sample after every close),
+`references` (each (workload, mode, script) that ran, run alone), `compare` and `by_kind`.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import gc
+import random
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from duplexcadence import graphs
+from duplexcadence.errors import ConcurrencyError
+from suite.measure import trend
+from suite.measure.session import open_session
+
+RETRY_S = 0.2                  # a refused open is retried at least this often (and at every close)
+PROGRESS_S = 10.0              # a progress line at most this often
+HANG_S = 120.0                 # a thread still running this long after the deadline is hung
+#: SessionStats counters read at close (graph captures ahead, replays, steps run eagerly for want of a graph,
+#: captures that failed and run eagerly since)
+GRAPH_COUNTERS = ("captures", "replays", "eager_fallbacks", "capture_failures")
+
+
+@dataclass
+class Target:
+    """One workload's shared model instance and what its sessions need. build(): another instance, built the
+    same way (--reference fresh). scripts: SessionScripts; work: per script, its units that carry work."""
+    name: str
+    architecture: str
+    adapter: object
+    spec: dict
+    scripts: list
+    build: object
+    model: object = None
+    lock: threading.Lock = field(default_factory=threading.Lock)      # non-concurrent sessions' calls
+    closed: threading.Condition = field(default_factory=threading.Condition)   # notified at every close
+    work: list = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.work = [[u for u in s.units if u.kind == "SPEAK" or u.payload is not None] for s in self.scripts]
+
+
+@dataclass
+class SessionRecord:
+    """One session of the stress (or a reference run): what was drawn and what happened."""
+    thread: int
+    index: int
+    workload: str
+    mode: str
+    script: int
+    planned_units: int
+    spoken_units: int = 0
+    opened: bool = False
+    refused_at_open: int = 0        # ConcurrencyErrors at open before it opened
+    serialised: bool = False        # capabilities.concurrent False: its calls under the model's harness lock
+    mid_turn: bool = False          # closed with a turn open
+    cut_by_deadline: bool = False
+    exception: int | None = None    # index into the run's exceptions
+    graphs: dict = field(default_factory=dict)                # GRAPH_COUNTERS at close
+    hashes: list = field(default_factory=list, repr=False)    # (sha256_f32, sha256_pcm16) per unit spoken
+
+    def row(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k != "hashes"}
+
+
+class Stress:
+    """The shared state of one stress run: targets, the deadline, open / in-call counts, memory samples,
+    session records and exceptions. `worker(t)` is thread t's loop; `speak(...)` runs one session."""
+
+    def __init__(self, targets, modes, *, threads, seconds, seed, max_units, device, progress=True, hang_s=HANG_S):
+        self.targets, self.modes, self.hang_s = list(targets), list(modes), hang_s
+        self.threads, self.seconds, self.seed, self.max_units = threads, seconds, seed, max_units
+        self.device = torch.device(device)
+        self.sampler = trend.MemorySampler(self.device)
+        self.lock = threading.Lock()
+        self.counts: collections.Counter = collections.Counter()
+        self.sessions: list[SessionRecord] = []
+        self.exceptions: list[dict] = []
+        self.deadline = None
+        self.sampling = False           # memory samples at closes: during the stress only
+        self.current: dict[int, SessionRecord] = {}     # thread -> the session it runs now
+        self.hung = 0                   # threads still running hang_s after the deadline
+        self.progress, self.last_print, self.t0 = progress, 0.0, 0.0
+
+    # --- bookkeeping ------------------------------------------------------------------------------------
+    def count(self, key: str, delta: int) -> None:
+        with self.lock:
+            self.counts[key] += delta
+
+    @contextlib.contextmanager
+    def calling(self, kind: str):
+        """Counts a thread inside a session call of `kind` (a regressor of the memory samples)."""
+        self.count(f"busy:{kind}", 1)
+        try:
+            yield
+        finally:
+            self.count(f"busy:{kind}", -1)
+
+    def record_exception(self, rec: SessionRecord, stage: str, unit, exc: BaseException, stack=None) -> None:
+        """One exception of `rec`'s session at `stage` (unit: its index among the session's units, or None),
+        with its traceback (or `stack`, a hung thread's)."""
+        tb = stack if stack is not None else "".join(traceback.format_exception(exc))
+        with self.lock:
+            rec.exception = rec.exception if rec.exception is not None else len(self.exceptions)
+            self.exceptions.append({"thread": rec.thread, "session": rec.index, "workload": rec.workload,
+                                    "mode": rec.mode, "script": rec.script, "stage": stage, "unit": unit,
+                                    "type": type(exc).__name__, "message": str(exc)[:2000],
+                                    "traceback": tb[-8000:]})
+
+    def closed(self, target: Target, kind: str) -> None:
+        """After a close: the open count drops, waiting openers wake, and before the deadline a memory sample (the
+        closes after it drain the run: fewer sessions open each time, which is not what a server at load sees)."""
+        with self.lock:
+            self.counts[f"open:{kind}"] -= 1
+            snapshot = dict(self.counts)
+        with target.closed:
+            target.closed.notify_all()
+        if not self.sampling or self.past():
+            return
+        self.sampler.sample(snapshot)
+        now = time.perf_counter()
+        if self.progress and now - self.last_print >= PROGRESS_S:
+            self.last_print = now
+            print(f"  stress: {now - self.t0:.0f} of {self.seconds:g} s, {len(self.sampler.rows)} closes, "
+                  f"{sum(r.spoken_units for r in self.sessions)} units, {len(self.exceptions)} exceptions",
+                  flush=True)
+
+    def past(self) -> bool:
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    # --- one session --------------------------------------------------------------------------------------
+    def open(self, target: Target, rec: SessionRecord, model=None):
+        """The session on `model` (None: the shared instance, where a ConcurrencyError waits for a close and
+        retries until the deadline, then gives None). Other exceptions propagate."""
+        kind = f"{rec.workload}/{rec.mode}"
+        while True:
+            try:
+                with self.calling(kind):
+                    return open_session(target.adapter, target.model if model is None else model, rec.mode,
+                                        target.spec)
+            except ConcurrencyError:
+                if model is not None:
+                    raise
+                rec.refused_at_open += 1
+                if self.past():
+                    return None
+                with target.closed:
+                    target.closed.wait(RETRY_S)
+
+    def speak(self, target: Target, rec: SessionRecord, *, model=None) -> None:
+        """Open, prepare, speak rec.planned_units units of work of its script, close; hashes into rec. model:
+        the instance (default the target's shared one). Exceptions are recorded, never raised."""
+        kind, stage, unit = f"{rec.workload}/{rec.mode}", "open", None
+        session = None
+        try:
+            session = self.open(target, rec, model)
+            if session is None:
+                return
+            rec.opened = True
+            self.count(f"open:{kind}", 1)
+            rec.serialised = not session.capabilities.concurrent
+            lock = target.lock if rec.serialised else contextlib.nullcontext()
+            stage = "prepare"
+            with lock, self.calling(kind):
+                session.prepare(None)
+            turn = None
+            for unit, u in enumerate(target.work[rec.script][:rec.planned_units]):
+                if model is None and self.past():
+                    rec.cut_by_deadline = True
+                    break
+                stage = "speak"
+                with lock, self.calling(kind):
+                    if u.kind == "SPEAK" and u.turn != turn:
+                        stage = "start_turn"
+                        session.start_turn()
+                        turn, stage = u.turn, "speak"
+                    out = session.speak(u.payload, final=bool(u.kind == "SPEAK" and u.final))
+                rec.hashes.append(out.sha256())
+                rec.spoken_units += 1
+                if u.kind == "SPEAK" and u.final:
+                    turn = None
+            rec.mid_turn = turn is not None
+            unit = None
+        except Exception as exc:   # noqa: BLE001 - every exception is recorded and counted
+            self.record_exception(rec, stage, unit, exc)
+        finally:
+            if session is not None:
+                try:
+                    with (target.lock if rec.serialised else contextlib.nullcontext()), self.calling(kind):
+                        stats = session.stats()
+                        rec.graphs = {k: getattr(stats, k) for k in GRAPH_COUNTERS}
+                        session.close()
+                except Exception as exc:   # noqa: BLE001
+                    self.record_exception(rec, "close", None, exc)
+                self.closed(target, kind)
+
+    def worker(self, t: int, start: threading.Barrier) -> None:
+        """Thread t: sessions drawn from random.Random(f"{seed}/{t}") until the deadline, on a leased stream."""
+        rng = random.Random(f"{self.seed}/{t}")
+        start.wait()
+        stream = None
+        try:
+            stream = graphs.STREAMS.acquire(self.device) if self.device.type == "cuda" else None
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                j = 0
+                while not self.past():
+                    target = rng.choice(self.targets)
+                    mode, k = rng.choice(self.modes), rng.randrange(len(target.scripts))
+                    n = rng.randint(0, min(self.max_units, len(target.work[k])))
+                    rec = SessionRecord(t, j, target.name, mode, k, n)
+                    with self.lock:
+                        self.sessions.append(rec)
+                        self.current[t] = rec
+                    self.speak(target, rec)
+                    j += 1
+                if stream is not None:
+                    stream.synchronize()
+        except Exception as exc:   # noqa: BLE001 - a harness failure is an exception of the run too
+            self.record_exception(SessionRecord(t, -1, "-", "-", -1, 0), "thread", None, exc)
+        finally:
+            if stream is not None:
+                graphs.STREAMS.release(stream)
+
+    def run(self) -> float:
+        """The threads, until the deadline; returns the stress's wall seconds."""
+        start = threading.Barrier(self.threads + 1)
+        pool = [threading.Thread(target=self.worker, args=(t, start), name=f"stress-{t}", daemon=True)
+                for t in range(self.threads)]
+        for th in pool:
+            th.start()
+        self.t0 = self.last_print = time.perf_counter()
+        self.deadline, self.sampling = self.t0 + self.seconds, True
+        start.wait()
+        for th in pool:
+            th.join(max(0.0, self.deadline + self.hang_s - time.perf_counter()))
+        wall = time.perf_counter() - self.t0
+        frames = sys._current_frames()
+        for t, th in enumerate(pool):
+            if th.is_alive():           # recorded with its stack; a daemon, it cannot hold the process
+                rec = self.current.get(t) or SessionRecord(t, -1, "-", "-", -1, 0)
+                self.record_exception(rec, "hang", None, TimeoutError(
+                    f"thread {t} still running {self.hang_s:g} s after the deadline"),
+                    stack="".join(traceback.format_stack(frames.get(th.ident))) if th.ident in frames else "")
+                self.hung += 1
+        self.sampling = False
+        return wall
+
+
+# --- references and comparison --------------------------------------------------------------------------
+def references(stress: Stress, fresh: bool) -> dict:
+    """(workload, mode, script) -> SessionRecord of each combination that ran, run alone up to its longest prefix,
+    sequentially (per workload on a new instance when `fresh`), on a leased stream; {} when a thread hung
+    (it may hold a lock a reference would wait for)."""
+    longest: dict[tuple, int] = {}
+    for r in stress.sessions:
+        if r.spoken_units:
+            key = (r.workload, r.mode, r.script)
+            longest[key] = max(longest.get(key, 0), r.spoken_units)
+    stress.deadline, stress.sampling = None, False
+    out = {}
+    if stress.hung:
+        return out
+    stream = graphs.STREAMS.acquire(stress.device) if stress.device.type == "cuda" else None
+    try:
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for target in stress.targets:
+                keys = sorted(k for k in longest if k[0] == target.name)
+                if not keys:
+                    continue
+                model = target.build() if fresh else target.model
+                for (name, mode, k) in keys:
+                    rec = SessionRecord(-1, len(out), name, mode, k, longest[name, mode, k])
+                    stress.speak(target, rec, model=model)
+                    out[name, mode, k] = rec
+                del model
+                if fresh:
+                    gc.collect()
+    finally:
+        if stream is not None:
+            stream.synchronize()
+            graphs.STREAMS.release(stream)
+    return out
+
+
+def compare(sessions: list[SessionRecord], refs: dict) -> tuple[int, int, list[dict]]:
+    """(units compared, units without a reference, differing units) of every session against its reference."""
+    compared, missing, diffs = 0, 0, []
+    for r in sessions:
+        ref = refs.get((r.workload, r.mode, r.script))
+        want = ref.hashes if ref is not None else []
+        for i, got in enumerate(r.hashes):
+            if i >= len(want):
+                missing += 1
+                continue
+            compared += 1
+            if got != want[i]:
+                diffs.append({"thread": r.thread, "session": r.index, "workload": r.workload, "mode": r.mode,
+                              "script": r.script, "unit": i, "sha256": list(got), "reference_sha256": list(want[i])})
+    return compared, missing, diffs
+
+
+COLUMNS = ("sessions", "opened", "serialised", "refused_at_open", "closed_mid_turn", "cut_by_deadline", "units",
+           "differing_units", "exceptions", *GRAPH_COUNTERS)
+
+
+def by_kind(sessions: list[SessionRecord], diffs: list[dict], exceptions: list[dict]) -> dict:
+    """Per "workload/mode", the COLUMNS: sessions drawn, opened, serialised, refused at open at least once, closed
+    mid-turn, cut by the deadline, units spoken, differing units, exceptions, and the GRAPH_COUNTERS summed."""
+    out: dict[str, dict] = {}
+    for r in sessions:
+        row = out.setdefault(f"{r.workload}/{r.mode}", dict.fromkeys(COLUMNS, 0))
+        for col, value in (("sessions", 1), ("opened", r.opened), ("serialised", r.serialised),
+                           ("refused_at_open", r.refused_at_open > 0), ("closed_mid_turn", r.mid_turn),
+                           ("cut_by_deadline", r.cut_by_deadline), ("units", r.spoken_units),
+                           *((k, r.graphs.get(k, 0)) for k in GRAPH_COUNTERS)):
+            row[col] += int(value)
+    for col, items in (("differing_units", diffs), ("exceptions", exceptions)):
+        for d in items:
+            if f"{d['workload']}/{d['mode']}" in out:
+                out[f"{d['workload']}/{d['mode']}"][col] += 1
+    return dict(sorted(out.items()))

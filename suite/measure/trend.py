@@ -1,0 +1,139 @@
+"""Memory over open/close cycles: one sample after every session close, and the rule that says it is flat.
+
+A sample (`MemorySampler.sample`) holds the process's resident set size and, on CUDA, torch's allocated and
+reserved bytes and the driver's used memory (NVML, else cudaMemGetInfo: it sees CUDA VMM arenas and graph
+pools, which torch's allocator statistics cannot), all MiB, beside the counts that explain memory without
+being growth: how many sessions of each kind are open at the sample and how many threads are inside a
+session call of each kind (their unit's temporaries). On CUDA torch's cache is emptied first
+(`torch.cuda.empty_cache()`, as every graph capture does in torch.cuda.graph): blocks no tensor uses go back
+to the driver, so reserved and driver figures are what tensors, graph pools, arenas and the context hold,
+not how full the cache happened to be. Nothing collects garbage: what a close does not free stays.
+
+The rule (`flatness`, `RULE`): over the last `window` samples (cycles), fit memory by least squares on the
+cycle index and those counts; growth = the cycle coefficient x (window - 1), what the fit says memory grew
+over the window with the open sessions' share taken out. A series is flat when (1) growth <= GROWTH_PCT % of
+the window's median and (2) it shows no monotone trend: the medians of the count-adjusted series in
+QUARTERS consecutive parts of the window do not rise at every step (strictly: a single step up, such as an
+allocator taking one more segment, is judged by its growth alone) while the last exceeds the first by more
+than TREND_PCT % of the median. Fewer samples than the window: not shown flat (the target needs that many).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from suite.measure.memory import MIB, DeviceMemory, rss_mib
+
+WINDOW = 100            # cycles the target is stated over
+GROWTH_PCT = 2.0        # most growth over the window, % of its median
+TREND_PCT = 0.5         # a rise of the quarter medians above this, % of the median, at every step: a trend
+QUARTERS = 4
+RULE = (f"flat: over the last {WINDOW} closes (or --window), the cycle coefficient of a least-squares fit of "
+        f"memory on the cycle index and the counts of open sessions and in-call threads per kind, times "
+        f"(window - 1), is <= {GROWTH_PCT:g}% of the window's median; and the count-adjusted series' "
+        f"{QUARTERS} quarter medians do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median "
+        f"in all")
+
+
+class MemorySampler:
+    """Samples after every close, in the closing thread (thread-safe): `sample(cycle_counts)` appends one row.
+    device: the sessions' device (CUDA adds alloc / reserved / driver series). `series()` returns the columns."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.driver = DeviceMemory(self.device) if self.cuda else None
+        self.lock = threading.Lock()
+        self.rows: list[dict] = []
+
+    def now(self) -> dict:
+        """Memory now, MiB: rss_mib, and on CUDA (after emptying torch's cache) alloc_mib, reserved_mib,
+        driver_used_mib."""
+        out = {"rss_mib": rss_mib()}
+        if self.cuda:
+            torch.cuda.empty_cache()
+            out.update(alloc_mib=torch.cuda.memory_allocated(self.device) / MIB,
+                       reserved_mib=torch.cuda.memory_reserved(self.device) / MIB,
+                       driver_used_mib=self.driver.used_mib())
+        return out
+
+    def sample(self, counts: dict[str, int]) -> None:
+        """One row: memory now and `counts` (regressor name -> count, e.g. "open:moshi/stock")."""
+        row = {**self.now(), "counts": dict(counts)}
+        with self.lock:
+            self.rows.append(row)
+
+    def series(self) -> dict:
+        """{"memory": {name: [MiB per cycle]}, "counts": {name: [count per cycle]}} (a count absent from a row
+        is 0)."""
+        with self.lock:
+            rows = list(self.rows)
+        names = sorted({k for r in rows for k in r["counts"]})
+        memory = {k: [r[k] for r in rows] for k in (rows[0] if rows else {}) if k != "counts"}
+        return {"memory": memory, "counts": {k: [r["counts"].get(k, 0) for r in rows] for k in names}}
+
+    @property
+    def driver_source(self) -> str | None:
+        return self.driver.source if self.driver is not None else None
+
+
+def flatness(values, counts: dict[str, list] | None = None, *, window: int = WINDOW,
+             growth_pct: float = GROWTH_PCT, trend_pct: float = TREND_PCT) -> dict:
+    """Is one memory series (MiB per cycle) flat over its last `window` cycles (module docstring)? counts:
+    regressor name -> one count per cycle, as long as `values`. Returns {"flat", "reason", "cycles", "window",
+    "median_mib", "slope_mib_per_cycle" (the fit's cycle coefficient), "raw_slope_mib_per_cycle" (cycle
+    alone), "growth_mib", "growth_pct", "quarter_medians_mib", "trend", "regressors" (the counts that varied
+    and were fitted)}. Raises ValueError for a window < QUARTERS * 2 or counts of another length."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2 * QUARTERS:
+        raise ValueError(f"window: expected an int >= {2 * QUARTERS}, got {window!r}")
+    y_all = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+    counts = counts or {}
+    for name, col in counts.items():
+        if len(col) != len(y_all):
+            raise ValueError(f"counts[{name!r}]: expected {len(y_all)} values (one per cycle), got {len(col)}")
+    out = {"flat": False, "cycles": int(len(y_all)), "window": window}
+    if len(y_all) < window:
+        return {**out, "reason": f"{len(y_all)} cycles < window {window}: flatness not shown"}
+    y = y_all[-window:]
+    if not np.all(np.isfinite(y)):
+        return {**out, "reason": "a sample in the window is missing"}
+    x = np.arange(window, dtype=np.float64)
+    regressors = {n: np.asarray(c[-window:], dtype=np.float64) for n, c in sorted(counts.items())}
+    regressors = {n: c for n, c in regressors.items() if np.ptp(c) > 0}
+    names = list(regressors)
+    while True:      # a count collinear with the rest (or the cycle index) is dropped, last name first
+        design = np.column_stack([np.ones(window), x, *(regressors[n] for n in names)])
+        if np.linalg.matrix_rank(design) == design.shape[1] or not names:
+            break
+        names.pop()
+    coef = np.linalg.lstsq(design, y, rcond=None)[0]
+    raw = np.polyfit(x, y, 1)[0]
+    adjusted = y - sum((coef[2 + i] * (regressors[n] - regressors[n].mean()) for i, n in enumerate(names)),
+                       np.zeros(window))
+    level = float(np.median(y))
+    growth = float(coef[1] * (window - 1))
+    pct = 100.0 * growth / level if level > 0 else (0.0 if growth <= 0 else float("inf"))
+    medians = [float(np.median(part)) for part in np.array_split(adjusted, QUARTERS)]
+    rise = medians[-1] - medians[0]
+    trend = bool(all(b > a for a, b in zip(medians, medians[1:])) and level > 0
+                 and rise > trend_pct / 100.0 * level)
+    reasons = []
+    if pct > growth_pct:
+        reasons.append(f"growth {growth:.1f} MiB over {window} cycles = {pct:.2f}% > {growth_pct:g}% of "
+                       f"{level:.1f} MiB")
+    if trend:
+        reasons.append(f"monotone trend: quarter medians {[round(m, 1) for m in medians]} MiB rise at every "
+                       f"step, {rise:.1f} MiB > {trend_pct:g}% of {level:.1f} MiB")
+    return {**out, "flat": not reasons, "reason": "; ".join(reasons) or "flat",
+            "median_mib": level, "slope_mib_per_cycle": float(coef[1]), "raw_slope_mib_per_cycle": float(raw),
+            "growth_mib": growth, "growth_pct": pct, "quarter_medians_mib": medians, "trend": trend,
+            "regressors": names}
+
+
+def judge(series: dict, window: int = WINDOW) -> dict:
+    """`flatness` of every memory series of `MemorySampler.series()`, with its counts: {name: result}."""
+    return {name: flatness(values, series["counts"], window=window) for name, values in series["memory"].items()}

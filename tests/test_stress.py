@@ -1,0 +1,250 @@
+"""suite.measure.stress: sessions of mixed workloads opening, speaking and closing on several host threads, every
+unit against the same session run alone. Real adapters at reduced depth on CPU (MiniCPM-o 4.5, Moshi, Qwen3-Omni);
+fake adapters (tests/fakes.py) for what the harness must catch: sessions that share state, exceptions, memory that
+a close does not give back, sessions refused at open or that may not run concurrently."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+import fakes  # noqa: E402  (tests/ is on sys.path under pytest)
+from torch_threads import torch_threads  # noqa: E402
+from duplexcadence.errors import ConcurrencyError  # noqa: E402
+from duplexcadence.session import UnitOutput, to_pcm16  # noqa: E402
+from suite.measure import stress  # noqa: E402
+from suite.records import EXIT_INVALID, STRESS_SCHEMA  # noqa: E402
+from workloads.common import FORMATS, script_from_rows  # noqa: E402
+
+REAL = ["minicpmo45", "moshi", "qwen3_omni"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_intra_op_thread():
+    with torch_threads(1):        # the stress's own threads share the 2 cores
+        yield
+
+
+# --- real adapters --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def real_targets():
+    return stress.build_targets(REAL, "cpu", depth="reduced", steps=2, prompt_seconds=2.0, seed=0, scripts=2,
+                                script_seconds=20)
+
+
+def test_mixed_real_sessions_on_threads_equal_each_alone(real_targets):
+    """4 threads, 5 s: with seed 106 the threads' first sessions are Moshi stock, MiniCPM-o stock, Qwen3-Omni
+    cadence and MiniCPM-o cadence (random.Random('106/t')), all on one instance per workload, opening and closing
+    at random unit counts while the others speak: every unit equals the same session alone, nothing raises."""
+    rec = stress.stress_run(real_targets, threads=4, seconds=5.0, seed=106, max_units=4, window=8, progress=False)
+    s = rec["summary"]
+    assert rec["exceptions"] == [] and s["exceptions"] == 0, rec["exceptions"]
+    assert s["differing_units"] == 0 and rec["differences"] == []
+    assert s["units_compared"] == s["units"] >= 4 and s["units_without_reference"] == 0     # 4 first units at least
+    spoke = {k for k, v in rec["by_kind"].items() if v["units"]}
+    assert {"moshi/stock", "minicpmo45/stock", "qwen3_omni/cadence", "minicpmo45/cadence"} <= spoke, rec["by_kind"]
+    assert s["opened"] - 4 <= s["cycles"] <= s["opened"] and s["closed_mid_turn"] >= 1    # closes at load
+    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0}
+    for r in rec["sessions"]:
+        ref = rec["references"].get(f"{r['workload']}/{r['mode']}/{r['script']}")
+        assert r["spoken_units"] == 0 or ref["units"] >= r["spoken_units"]
+
+
+# --- fake adapters --------------------------------------------------------------------------------------
+def fake_target(name: str, spec: dict | None = None, adapter=None, scripts: int = 2) -> stress.Target:
+    adapter = adapter or fakes.module()
+    spec = dict(spec or {})
+    built = [script_from_rows(fakes.rows(3, 4), FORMATS["flow_hift"], f"{name}-{k}") for k in range(scripts)]
+
+    def build():
+        return adapter.build_model(spec, device="cpu", depth="reduced", seed=0)
+    target = stress.Target(name, "fake", adapter, spec, built, build)
+    target.model = build()
+    return target
+
+
+def adapter_of(session_class) -> types.ModuleType:
+    mod = fakes.module()
+    mod.new_session = lambda model, mode, spec: session_class(model, mode)
+    return mod
+
+
+class SharedCursor(fakes.FakeSession):
+    """Keeps its position on the shared model (as Moshi's stock decode did): open resets it, every unit reads it,
+    waits a moment and writes it back advanced, and the audio is shifted by it."""
+
+    def __init__(self, model, mode):
+        super().__init__(model, mode)
+        model["cursor"] = 0
+
+    def speak(self, tokens, *, final=False):
+        out = super().speak(tokens, final=final)
+        cursor = self.model["cursor"]
+        time.sleep(0.001)
+        self.model["cursor"] = cursor + 1
+        wave = out.waveform + np.float32(1e-3 * cursor)
+        return UnitOutput(wave, to_pcm16(wave))
+
+
+class FailsOnSomeUnits(fakes.FakeSession):
+    def speak(self, tokens, *, final=False):
+        if tokens[0] == 3:                 # the second SPEAK unit of the fake scripts (tokens[0] = unit index)
+            raise RuntimeError("unit 3 fails")
+        return super().speak(tokens, final=final)
+
+
+class LeaksOnClose(fakes.FakeSession):
+    """close() leaves 4 MiB of touched host memory on the model per session."""
+
+    def close(self):
+        if not self.closed:
+            self.model.setdefault("kept", []).append(np.ones(2**20, dtype=np.float32))
+        super().close()
+
+
+class OneThreadAtATime(fakes.FakeSession):
+    """Declares itself not concurrent and raises if two threads are ever inside its model at once."""
+    capabilities = fakes.CarriedSession.capabilities
+
+    def speak(self, tokens, *, final=False):
+        inside = self.model.setdefault("inside", [0])
+        inside[0] += 1
+        try:
+            if inside[0] > 1:
+                raise ConcurrencyError("two threads inside one model")
+            time.sleep(0.001)
+            return super().speak(tokens, final=final)
+        finally:
+            inside[0] -= 1
+
+
+RELEASE = threading.Event()
+
+
+class HangsOnAUnit(fakes.FakeSession):
+    def speak(self, tokens, *, final=False):
+        if tokens[0] == 3:                 # the second SPEAK unit: blocks until the test lets it go
+            RELEASE.wait(60)
+        return super().speak(tokens, final=final)
+
+
+def quick(targets, **kw) -> dict:
+    return stress.stress_run(targets, **{"threads": 3, "seconds": 0.8, "max_units": 6, "window": 50,
+                                         "progress": False, **kw})
+
+
+def test_sessions_sharing_state_are_caught():
+    rec = quick([fake_target("shared", adapter=adapter_of(SharedCursor))])
+    assert rec["summary"]["exceptions"] == 0
+    assert rec["summary"]["differing_units"] > 0 and rec["differences"], rec["summary"]
+    d = rec["differences"][0]
+    assert d["sha256"] != d["reference_sha256"]
+    assert any("differ from the same session run alone" in r for r in rec["invalid_reasons"])
+
+
+def test_honest_fakes_pass_and_sessions_that_may_not_run_concurrently_are_serialised():
+    rec = quick([fake_target("plain"), fake_target("one_thread", adapter=adapter_of(OneThreadAtATime))], threads=4)
+    assert rec["invalid_reasons"] == [] and rec["exceptions"] == [], (rec["invalid_reasons"], rec["exceptions"][:1])
+    assert rec["summary"]["differing_units"] == 0 and rec["summary"]["units_compared"] > 20
+    for mode in ("stock", "cadence"):
+        kind = rec["by_kind"][f"one_thread/{mode}"]
+        assert kind["serialised"] == kind["opened"] > 0 and rec["by_kind"][f"plain/{mode}"]["serialised"] == 0
+    plain = rec["by_kind"]["plain/cadence"]              # the fake's prepare(None) captures 3 signatures
+    assert plain["captures"] == 3 * plain["opened"] and rec["by_kind"]["plain/stock"]["captures"] == 0
+    assert plain["replays"] + plain["eager_fallbacks"] == plain["units"]
+    assert rec["memory"]["flatness"]["rss_mib"]["flat"], rec["memory"]["flatness"]
+
+
+def test_a_session_refused_at_open_waits_for_a_close_and_opens_then():
+    """Every thread wants a stock session of a model that allows one at a time (ConcurrencyError at open)."""
+    rec = quick([fake_target("exclusive", {"exclusive": True})], modes=("stock",))
+    kind = rec["by_kind"]["exclusive/stock"]
+    assert rec["exceptions"] == [] and kind["refused_at_open"] > 0
+    assert any(r["refused_at_open"] and r["opened"] and r["spoken_units"] for r in rec["sessions"])
+    assert rec["summary"]["differing_units"] == 0 and rec["summary"]["units_compared"] > 0
+
+
+def test_the_record_so_far_comes_before_the_references_and_fresh_references_build_another_instance():
+    target, seen = fake_target("plain"), []
+    rec = quick([target], reference="fresh", on_stress=seen.append)
+    (partial,) = seen
+    assert not partial["finished"] and partial["references"] == {} and partial["summary"]["units_compared"] == 0
+    assert any(r.startswith("run not finished") for r in partial["invalid_reasons"])
+    assert partial["summary"]["units"] == rec["summary"]["units"] > 0
+    assert rec["finished"] and rec["invalid_reasons"] == []
+    assert rec["summary"]["units_compared"] == rec["summary"]["units"]
+    assert len(target.adapter.builds) == 2 and rec["parameters"]["reference"] == "fresh"   # the stress's, the fresh one
+
+
+def test_exceptions_are_recorded_with_their_traceback_and_counted():
+    rec = quick([fake_target("fails", adapter=adapter_of(FailsOnSomeUnits))])
+    excs = rec["exceptions"]
+    assert excs and rec["summary"]["exceptions"] == len(excs)
+    assert {e["stage"] for e in excs} == {"speak"} and {e["type"] for e in excs} == {"RuntimeError"}
+    assert excs[0]["message"] == "unit 3 fails" and excs[0]["unit"] == 1
+    assert "in speak" in excs[0]["traceback"] and "RuntimeError: unit 3 fails" in excs[0]["traceback"]
+    assert any(r.startswith(f"{len(excs)} exceptions") for r in rec["invalid_reasons"])
+    assert rec["summary"]["differing_units"] == 0 and rec["summary"]["units_compared"] > 0
+
+
+def test_a_thread_that_hangs_is_recorded_with_its_stack_and_no_reference_runs():
+    RELEASE.clear()
+    try:
+        rec = quick([fake_target("hangs", adapter=adapter_of(HangsOnAUnit))], threads=2, seconds=0.5, hang_s=0.5)
+    finally:
+        RELEASE.set()
+    hung = [e for e in rec["exceptions"] if e["stage"] == "hang"]
+    assert hung and all(e["workload"] == "hangs" and "RELEASE.wait" in e["traceback"] for e in hung), hung
+    assert any("threads hung" in r for r in rec["invalid_reasons"]) and rec["references"] == {}
+
+
+def test_memory_a_close_does_not_give_back_is_not_flat():
+    rec = quick([fake_target("leaks", adapter=adapter_of(LeaksOnClose))], seconds=1.0)
+    rss = rec["memory"]["flatness"]["rss_mib"]
+    assert rec["summary"]["cycles"] >= 50 and not rss["flat"], rss
+    assert 3.0 < rss["slope_mib_per_cycle"] < 5.0, rss         # 4 MiB kept per close
+    assert any(r.startswith("memory rss_mib not flat") for r in rec["invalid_reasons"])
+
+
+def test_cli_writes_the_record_and_exits_non_zero_on_a_difference(tmp_path, monkeypatch):
+    monkeypatch.setattr(stress, "build_targets",
+                        lambda names, device, **kw: [fake_target(n, adapter=adapter_of(SharedCursor)) for n in names])
+    out = tmp_path / "run"
+    rc = stress.main(["--workloads", "moshi", "--device", "cpu", "--threads", "3", "--seconds", "0.8",
+                      "--window", "20", "--out", str(out), "--quiet"])
+    record = json.loads((out / "stress.json").read_text())
+    assert rc == EXIT_INVALID and record["verdict"] == "INVALID"
+    assert record["schema"] == STRESS_SCHEMA and record["provenance"]["command"][:3] == ["python", "-m",
+                                                                                          "suite.measure.stress"]
+    assert record["summary"]["differing_units"] > 0
+    assert record["parameters"]["threads"] == 3 and record["memory"]["rule"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--workloads", "nope"], "--workloads"), (["--modes", "stock,graphs"], "--modes"),
+    (["--threads", "0"], "--threads"), (["--seconds", "inf"], "--seconds"), (["--window", "4"], "--window"),
+    (["--device", "tpu"], "--device")])
+def test_bad_arguments_exit_2_naming_the_flag(tmp_path, capsys, argv, flag):
+    with pytest.raises(SystemExit) as exc:
+        stress.main([*argv, "--out", str(tmp_path / "x")])
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph replay on shared models")
+def test_cuda_mixed_sessions_on_threads_equal_each_alone():
+    targets = stress.build_targets(REAL + ["stepaudio2_mini"], "cuda", depth="reduced", steps=2,
+                                   prompt_seconds=2.0, seed=0, scripts=2, script_seconds=20)
+    rec = stress.stress_run(targets, threads=8, seconds=20.0, seed=106, max_units=6, device="cuda", window=8,
+                            progress=False)
+    assert rec["exceptions"] == [] and rec["summary"]["differing_units"] == 0, rec["exceptions"][:2]
+    assert rec["summary"]["units_compared"] == rec["summary"]["units"] > 0
+    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0}

@@ -1,0 +1,107 @@
+"""suite.measure.trend: the memory-flatness rule on hand-made samples (values and counts written here, the
+expected verdicts from the rule's own numbers: 2% growth over the window, quarter medians rising by more than
+0.5%), and the sampler's columns."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from suite.measure import trend
+
+W = trend.WINDOW
+
+
+def noise(n, sd, seed=0):
+    return np.random.default_rng(seed).normal(0.0, sd, n)
+
+
+def test_a_flat_noisy_series_is_flat():
+    f = trend.flatness(1000.0 + noise(150, 5.0))
+    assert f["flat"] and not f["trend"] and abs(f["growth_pct"]) < 1.0, f
+    assert f["cycles"] == 150 and f["window"] == W
+
+
+def test_a_leak_of_half_a_mib_per_cycle_is_not_flat():
+    # 0.5 MiB per cycle on 1000 MiB: 49.5 MiB over 100 cycles = ~4.9% > 2%
+    f = trend.flatness(1000.0 + 0.5 * np.arange(150) + noise(150, 2.0))
+    assert not f["flat"] and "growth" in f["reason"], f
+    assert 0.45 < f["slope_mib_per_cycle"] < 0.55 and 4.0 < f["growth_pct"] < 6.0
+
+
+def test_open_sessions_explain_swings_and_a_leak_under_them_is_still_found():
+    rng = np.random.default_rng(3)
+    live = rng.integers(0, 4, 150)                       # sessions of one kind open at each close
+    swings = 1000.0 + 300.0 * live + noise(150, 2.0)     # 300 MiB per open session: not growth
+    counts = {"open:a/stock": live.tolist(), "open:b/cadence": [2] * 150}
+    f = trend.flatness(swings, counts)
+    assert f["flat"] and abs(f["growth_mib"]) < 3.0, f
+    assert f["regressors"] == ["open:a/stock"]            # a count that never changes is not fitted
+    leak = trend.flatness(swings + 0.5 * np.arange(150), counts)
+    assert not leak["flat"] and 0.45 < leak["slope_mib_per_cycle"] < 0.55, leak
+
+
+def test_a_slow_staircase_under_the_growth_bound_is_a_monotone_trend():
+    # +4 MiB every 25 cycles: ~1.6% over the window (under 2%), quarter medians 1000, 1004, 1008, 1012 (> 0.5%)
+    steps = 1000.0 + 4.0 * (np.arange(W) // 25)
+    f = trend.flatness(steps)
+    assert f["growth_pct"] <= trend.GROWTH_PCT and f["trend"] and not f["flat"], f
+    assert "monotone trend" in f["reason"]
+    assert f["quarter_medians_mib"] == [1000.0, 1004.0, 1008.0, 1012.0]
+
+
+def test_one_step_up_is_judged_by_its_growth_alone():
+    # an allocator taking one more 8 MiB segment mid-window: quarter medians 1000, 1000, 1008, 1008 (not a
+    # rise at every step); the fit's growth is ~12 MiB = 1.2% <= 2%
+    f = trend.flatness(1000.0 + 8.0 * (np.arange(W) >= W // 2))
+    assert not f["trend"] and f["flat"] and 1.0 < f["growth_pct"] < 1.5, f
+    big = trend.flatness(1000.0 + 40.0 * (np.arange(W) >= W // 2))      # 40 MiB kept for good: ~6%
+    assert not big["flat"] and not big["trend"] and "growth" in big["reason"], big
+
+
+def test_a_rise_within_the_trend_bound_is_flat():
+    steps = 1000.0 + 1.0 * (np.arange(W) // 25)           # quarter medians rise by 3 MiB in all: 0.3%
+    f = trend.flatness(steps)
+    assert f["flat"] and not f["trend"], f
+
+
+def test_only_the_last_window_counts_and_memory_given_back_is_flat():
+    warm_up = np.linspace(500.0, 1000.0, 60)               # first cycles: caches fill
+    f = trend.flatness(np.concatenate([warm_up, 1000.0 + noise(W, 3.0)]))
+    assert f["flat"], f
+    assert trend.flatness(1200.0 - 1.0 * np.arange(W))["flat"]    # falling: nothing grows
+
+
+def test_too_few_cycles_are_not_shown_flat():
+    f = trend.flatness([1000.0] * (W - 1))
+    assert not f["flat"] and f["reason"] == f"{W - 1} cycles < window {W}: flatness not shown"
+    assert trend.flatness([1000.0] * 10, window=10)["flat"]
+
+
+def test_a_missing_sample_is_not_flat():
+    values = [1000.0] * W
+    values[50] = None
+    assert trend.flatness(values)["reason"] == "a sample in the window is missing"
+
+
+@pytest.mark.parametrize("window", [0, 7, 2.5, True])
+def test_bad_window(window):
+    with pytest.raises(ValueError, match="window: expected an int >= 8"):
+        trend.flatness([1.0] * 20, window=window)
+
+
+def test_counts_must_have_one_value_per_cycle():
+    with pytest.raises(ValueError, match=r"counts\['open:x'\]: expected 20 values"):
+        trend.flatness([1.0] * 20, {"open:x": [0] * 19}, window=10)
+
+
+def test_the_sampler_gives_columns_and_judge_every_series():
+    sampler = trend.MemorySampler("cpu")
+    for k in range(12):
+        sampler.sample({"open:a/stock": k % 2} if k % 3 else {})
+    s = sampler.series()
+    assert list(s["memory"]) == ["rss_mib"] and len(s["memory"]["rss_mib"]) == 12
+    assert all(v > 0 for v in s["memory"]["rss_mib"])
+    assert s["counts"] == {"open:a/stock": [0 if k % 3 == 0 else k % 2 for k in range(12)]}
+    judged = trend.judge(s, window=10)
+    assert list(judged) == ["rss_mib"] and judged["rss_mib"]["cycles"] == 12
+    assert trend.MemorySampler("cpu").series() == {"memory": {}, "counts": {}}
