@@ -180,9 +180,11 @@ class CadenceBase(TokenSession):
                                  warm_key=lambda sig: sig.step, lock=model_lock(self.t2w), inline=self.inline)
 
     def token_buffer(self, n: int) -> torch.Tensor:
-        """The static int32 [1, n] token input of n-token calls (copied into before each step)."""
+        """The static int32 [1, n] token input of n-token calls (copied into before each step). A normal tensor even
+        when first asked for inside inference mode (a warm-up in `prepare`): `speak` writes it outside."""
         if n not in self.static:
-            self.static[n] = torch.zeros((1, n), dtype=torch.int32, device=self.device)
+            with torch.inference_mode(False):
+                self.static[n] = torch.zeros((1, n), dtype=torch.int32, device=self.device)
         return self.static[n]
 
     def prepare(self, signatures=None) -> dict:
