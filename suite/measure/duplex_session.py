@@ -11,6 +11,7 @@ import contextlib
 import random
 import threading
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,12 +220,13 @@ class Driver:
 # --- footprints ----------------------------------------------------------------------------------------
 def storages(obj, depth: int = 6) -> dict[int, int]:
     """{data_ptr: bytes} of the distinct tensor storages reachable from obj (modules' parameters and
-    buffers, dicts, lists, tuples, object attributes; `depth` levels deep)."""
+    buffers, dicts, lists, tuples, object attributes; `depth` levels deep). Python modules (a package an
+    object keeps a reference to) are not walked: what a session holds is never reached through them."""
     found: dict[int, int] = {}
     visited: set[int] = set()
 
     def walk(o, level):
-        if level > depth or o is None or isinstance(o, (str, bytes, int, float, bool, type)):
+        if level > depth or o is None or isinstance(o, (str, bytes, int, float, bool, type, types.ModuleType)):
             return
         if isinstance(o, torch.Tensor):
             try:
