@@ -2,10 +2,13 @@
 a report needs. Nothing here measures anything or imports torch; `suite.report` imports this module only.
 
 * run records (`run.json`, schema RUN_SCHEMA): one verify or one-mode session run, `UnitRecord` per unit;
-* duplex records (`duplex.json`, DUPLEX_SCHEMA): each run's units as one table (`pack_units`);
+* duplex records (`duplex.json`, DUPLEX_SCHEMA): per workload and mode the search's counts and bracket, each
+  count's run (sessions' script sources and join times, per-session graph and capture figures) with its units
+  as one table (`pack_units`);
 * stage state (`stages.json`, STAGES_SCHEMA): `StageState` per stage, checked by `check_stages`.
 Keys carry their units (`tail_ms_p50`, `peak_alloc_mib`). Older records stay readable: duplex schema /1
-(units as a list of objects), stage entries of harnesses this version does not plan (`legacy`).
+(units as a list of objects) and /2 (one shared script, a fixed list of counts), stage entries of harnesses
+this version does not plan (`legacy`).
 """
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ import workloads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_SCHEMA = "duplexcadence.run/1"
-DUPLEX_SCHEMA = "duplexcadence.duplex/2"
-DUPLEX_READ_SCHEMAS = ("duplexcadence.duplex/1", DUPLEX_SCHEMA)
+DUPLEX_SCHEMA = "duplexcadence.duplex/3"
+DUPLEX_READ_SCHEMAS = ("duplexcadence.duplex/1", "duplexcadence.duplex/2", DUPLEX_SCHEMA)
 STAGES_SCHEMA = "duplexcadence.stages/1"
 SAMPLE_RATE = 24000                 # every UnitOutput is @ 24 kHz (duplexcadence.session)
 UNIT_PERIOD_S = 1.0                 # the duplex cadence: one unit per second
@@ -327,6 +330,7 @@ MIN_SECONDS = 60.0                          # zero misses are claimed over 60 s 
 NOT_FINISHED = "run not finished"           # the reason of a checkpoint (verdict PARTIAL)
 DIRTY_TREE = "dirty tree: uncommitted changes (see provenance.git_status)"
 SHORT_RUN = "max zero-miss sessions is over a shorter run"
+CAPTURE_IN_UNIT = "graph capture(s) inside timed units"    # the end of a reason: "<mode> N=<n>: <k> " + this
 #: Per-unit columns stored once per record (`unit_hashes`) and referred to by position.
 INTERNED_COLUMNS = ("sha256_f32", "sha256_pcm16")
 
@@ -340,13 +344,16 @@ def record_reasons(record: dict) -> list[str]:
 
 
 def invalid_codes(reasons: list[str]) -> list[str]:
-    """One code per duplex invalid reason: "partial", "dirty_tree", "short_run", and "mismatch" for any
-    other (a workload's reasons all compare bytes; an unknown reason counts as one, so it fails)."""
+    """One code per duplex invalid reason: "partial", "dirty_tree", "short_run", "capture_in_timed_unit", and
+    "mismatch" for any other (a workload's other reasons compare bytes; an unknown reason counts as one, so it
+    fails)."""
     def code(reason: str) -> str:
         if reason == NOT_FINISHED:
             return "partial"
         if reason == DIRTY_TREE:
             return "dirty_tree"
+        if reason.endswith(CAPTURE_IN_UNIT):
+            return "capture_in_timed_unit"
         return "short_run" if reason.endswith(SHORT_RUN) else "mismatch"
     return [code(r) for r in reasons]
 

@@ -46,8 +46,8 @@ class FakeClocks(ClockState):
             self.pos = 0
 
     def unit(self, size: int, final: bool = False) -> list:
-        if not 1 <= size <= MAX_TOKENS:
-            raise LimitError(f"payload: expected 1-{MAX_TOKENS} tokens, got {size}")
+        if not 0 <= size <= MAX_TOKENS:          # a turn's final unit may carry none (a flush)
+            raise LimitError(f"payload: expected 0-{MAX_TOKENS} tokens, got {size}")
         sig = signature("step", size, {"history": min(self.pos, 2)}, last=bool(final))
         self.pos += 1
         return [sig]
@@ -104,7 +104,7 @@ class FakeSession(Session):
             self.counts["captures"] += 1
         else:
             self.counts["eager_fallbacks"] += 1
-        unit = tokens[0]                              # the fake scripts write the unit index into the tokens
+        unit = tokens[0] if len(tokens) else None     # the fake scripts write the unit index into the tokens
         wave = fake_wave(tokens)
         if unit in self.model["zero_units"]:
             wave = np.zeros_like(wave)

@@ -1,7 +1,6 @@
-"""The duplex harness: the cadence scheduler, AR stages, duplex records (their unit table), and
-suite.measure.duplex on the fake adapter of tests/fakes.py (session protocol): concurrent sessions give the
-bytes of each alone, admission, graphs prepared for the voice or (oracle) from the script, the tail lock for
-sessions that are not concurrent, warm-up by turn_state, the CLI. GPU tests skip on the CPU with the reason."""
+"""The duplex harness's parts: the cadence scheduler (misses, lateness, slack work after a unit and never inside
+one), AR stages, the search that brackets sessions per GPU, duplex records (their unit table, schemas, codes).
+The harness on the fake adapter is tests/test_duplex_harness.py. GPU tests skip on the CPU with the reason."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,10 +10,9 @@ import threading
 import pytest
 import torch
 
-import fakes
-import workloads
 from suite import records
-from suite.measure import ar_stage, duplex, duplex_session, scheduler
+from suite.measure import ar_stage, duplex_session, scheduler
+from suite.measure import search as duplex_search
 from suite.measure.scheduler import AdmissionError, CadenceScheduler, ScheduleError, Slot
 from suite.records import max_zero_miss
 
@@ -131,6 +129,65 @@ def test_threads_policy_reraises_a_unit_error():
         sched.run()
 
 
+# --- scheduler: slack work after a unit, never inside one -----------------------------------------------------
+def slack_slot(name, costs, clock, log, job_cost, phase=0.0):
+    """A session whose unit i takes costs[i] s and whose slack job takes job_cost s of clock time."""
+    base = slot(name, costs, clock, log, phase=phase)
+
+    def after(u):
+        def job():
+            log.append((name, f"job{u.index}", clock.t))
+            clock.t += job_cost
+            return {"after": u.index}
+        return job
+    return dataclasses.replace(base, after_unit=after)
+
+
+def test_threads_slack_runs_after_each_unit_on_its_thread_never_after_the_last():
+    clock, log = FakeClock(), []
+    sched = CadenceScheduler(period_s=PERIOD, policy="threads", clock=clock)
+    sched.admit(slack_slot("a", [0.2, 0.2, 0.2], clock, log, job_cost=0.3))
+    rec = sched.run()
+    assert [x[1] for x in log] == [0, "job0", 1, "job1", 2]       # no job after the last unit
+    jobs = sched.slack_timings
+    assert [(j.after, j.where) for j in jobs] == [(0, "thread"), (1, "thread")]
+    assert jobs[0].start_s == pytest.approx(rec[0].end_s) and jobs[0].end_s == pytest.approx(0.5)
+    assert jobs[0].next_release_s == 1.0 and jobs[0].overrun_s == 0.0 and jobs[0].output == {"after": 0}
+    assert all(not (r.start_s < j.end_s and j.start_s < r.end_s) for r in rec for j in jobs)
+
+
+def test_edf_slack_waits_for_idle_time_and_a_later_job_supersedes_a_queued_one():
+    """b's unit 0 is released while a's job would run: the unit goes first. a's jobs queue until the scheduler is
+    idle; the second replaces the first (dropped); an idle job that runs past the next release is an overrun."""
+    clock, log = FakeClock(), []
+    sched = CadenceScheduler(period_s=PERIOD, clock=clock)
+    sched.admit(slack_slot("a", [0.5, 0.5, 0.1], clock, log, job_cost=0.6))
+    sched.admit(slack_slot("b", [0.45, 0.45, 0.1], clock, log, job_cost=0.0, phase=0.5))
+    rec = sched.run()
+    order = [x[1] if x[0] == "a" else f"b{x[1]}" for x in log]
+    # 0.0 a0 (to 0.5); 0.5 b0 released: b0 (to 0.95); idle: a's job0 (to 1.55, past a1's release at 1.0)
+    assert order[:3] == [0, "b0", "job0"]
+    j0 = next(j for j in sched.slack_timings if j.session == 0 and j.after == 0)
+    assert j0.where == "idle" and j0.start_s == pytest.approx(0.95) and j0.overrun_s == pytest.approx(0.55)
+    a1 = next(r for r in rec if r.session == 0 and r.position == 1)
+    assert a1.start_s == pytest.approx(1.55)                      # the overrun delayed a's next unit
+    # from 1.55 units are always waiting: b's job0 is superseded by its job1, and a's job1 and b's job1 are
+    # still queued when the last units end (stale): 3 dropped, only a's job0 ran
+    assert len(sched.slack_timings) == 1 and sched.slack_dropped == 3
+
+
+def test_edf_slack_after_runs_at_once_and_counts_against_the_next_unit():
+    clock, log = FakeClock(), []
+    sched = CadenceScheduler(period_s=PERIOD, clock=clock, slack="after")
+    sched.admit(slack_slot("a", [0.5, 0.2], clock, log, job_cost=0.7))
+    r0, r1 = sched.run()
+    (j,) = sched.slack_timings
+    assert j.where == "after_unit" and j.start_s == pytest.approx(0.5) and j.end_s == pytest.approx(1.2)
+    assert r1.start_s == pytest.approx(1.2) and j.overrun_s == pytest.approx(0.2)
+    with pytest.raises(ScheduleError, match="slack: expected one of"):
+        CadenceScheduler(slack="never")
+
+
 # --- admission and bad input ----------------------------------------------------------------------------
 def test_admission_rejects_a_session_that_does_not_fit():
     clock = FakeClock()
@@ -227,15 +284,80 @@ def test_max_zero_miss_stops_at_the_first_miss_or_refusal():
     assert max_zero_miss([{"sessions": 1, "metrics": {"misses": 1}}]) is None
 
 
-def test_bisection_finds_the_exact_largest_zero_miss_count():
-    capacity = 11                                  # a device where 11 sessions fit and 12 miss
-    runs = [{"sessions": n, "metrics": {"misses": int(n > capacity)}} for n in (1, 8, 16)]
+# --- the search: sessions per GPU, bracketed ---------------------------------------------------------------
+def limit(capacity: int, refused_from: int | None = None):
+    """A device where `capacity` sessions run clean and more miss; from `refused_from` on none fit."""
+    return lambda n: ("refused" if refused_from is not None and n >= refused_from
+                      else "clean" if n <= capacity else "missed")
+
+
+def drive(search, outcome, cost_s=0.0, clock=None) -> list[int]:
     tried = []
-    while (n := duplex_session.next_bisect(runs)) is not None:
+    while (n := search.next(lambda n: 60.0)) is not None:
         tried.append(n)
-        runs.append({"sessions": n, "metrics": {"misses": int(n > capacity)}})
-    assert tried == [12, 10, 11] and max_zero_miss(runs) == 11
-    assert duplex_session.next_bisect([{"sessions": 1, "metrics": {"misses": 2}}]) is None
+        if clock is not None:
+            clock.t += cost_s
+        search.record(n, outcome(n), reason="did not fit" if outcome(n) == "refused" else None)
+    return tried
+
+
+@pytest.mark.parametrize("start, capacity, refused_from, tried, bracket", [
+    pytest.param(1, 11, None, [1, 2, 4, 8, 16, 12, 10, 11], (11, 12), id="grow-then-bisect"),
+    pytest.param(24, 9, None, [24, 12, 6, 9, 10], (9, 10), id="shrink-then-bisect"),
+    pytest.param(8, 100, 20, [8, 16, 32, 24, 20, 18, 19], (19, 20), id="refused-is-the-upper-bound"),
+    pytest.param(24, 24, None, [24, 48, 36, 30, 27, 25], (24, 25), id="at-the-start"),
+])
+def test_the_search_brackets_the_largest_zero_miss_count(start, capacity, refused_from, tried, bracket):
+    search = duplex_search.SessionSearch(start)
+    assert drive(search, limit(capacity, refused_from)) == tried
+    b = search.bracket()
+    assert (b.lo, b.hi) == bracket and b.exact and search.stopped == "bracketed"
+    rec = search.to_dict()
+    assert rec["counts"] == tried and rec["bracket"] == {"lo": bracket[0], "hi": bracket[1], "exact": True}
+    if refused_from:
+        assert {t["sessions"]: t["reason"] for t in rec["tried"] if t["outcome"] == "refused"} == {
+            n: "did not fit" for n in tried if n >= refused_from}
+
+
+def test_the_search_stops_where_one_session_misses_or_at_max_sessions():
+    search = duplex_search.SessionSearch(4)
+    assert drive(search, limit(0)) == [4, 2, 1]
+    assert (search.bracket().lo, search.bracket().hi) == (0, 1) and search.stopped == "one session alone missed"
+    capped = duplex_search.SessionSearch(3, max_sessions=10)
+    assert drive(capped, limit(50)) == [3, 6, 10]
+    b = capped.bracket()
+    assert (b.lo, b.hi, b.exact) == (10, None, False) and capped.stopped.startswith("max_sessions")
+
+
+def test_a_budget_stops_the_search_with_the_bracket_it_has():
+    """Each count takes 100 s and is expected to take 60 s: with 250 s, the third would end past the budget."""
+    clock = FakeClock()
+    search = duplex_search.SessionSearch(16, budget_s=250.0, clock=clock.now)
+    assert drive(search, limit(20), cost_s=100.0, clock=clock) == [16, 32]
+    b = search.bracket()
+    assert (b.lo, b.hi, b.exact) == (16, 32, False)
+    assert search.stopped == "budget: 50 s of 250 s left, N=24 is expected to take 60 s"
+    first = duplex_search.SessionSearch(2, budget_s=1.0, clock=clock.now)
+    assert first.next(lambda n: 1e6) == 2                       # the first count always runs
+
+
+def test_a_fixed_list_runs_in_order_and_stops_after_a_miss():
+    fixed = duplex_search.FixedCounts([16, 1, 8], after_miss=0)
+    assert drive(fixed, limit(11)) == [1, 8, 16] and fixed.stopped.startswith("after a miss at N=16")
+    assert (fixed.bracket().lo, fixed.bracket().hi) == (8, 16)
+    assert drive(duplex_search.FixedCounts([1, 2]), limit(11)) == [1, 2]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"start": 0}, "start: expected an int >= 1"), ({"start": True}, "start"), ({"start": 2, "grow": 1}, "grow"),
+    ({"start": 2, "grow": float("nan")}, "grow"), ({"start": 5, "max_sessions": 4}, "above max_sessions"),
+    ({"start": 2, "budget_s": 0}, "budget_s"),
+])
+def test_bad_search_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        duplex_search.SessionSearch(**kwargs)
+    with pytest.raises(ValueError, match="outcome"):
+        duplex_search.SessionSearch(1).record(1, "fine")
 
 
 # --- duplex records: the unit table -------------------------------------------------------------------------
@@ -317,213 +439,15 @@ def test_unit_hashes_that_are_not_a_list_of_strings_are_an_error(hashes):
 
 
 
-# --- the harness on the fake adapter ------------------------------------------------------------------------
-@pytest.fixture
-def fake(monkeypatch):
-    return fakes.register(monkeypatch)
-
-
-def _model(fake, **spec):
-    return fake.build_model(spec, device="cpu", depth="reduced", seed=0)
-
-
-def _run(wl, fake, mode, n, *, model=None, variants=1, seconds=8, policy="edf", clock=None, budget=None,
-         prepare="voice", pool=None):
-    model = model or _model(fake, **wl.spec)
-    return duplex.run_sessions(wl, mode, n, model=model, adapter=fake, spec=wl.spec, ar=ar_stage.NoAR(),
-                               device="cpu", seconds=seconds, variants=variants, clock=clock, policy=policy,
-                               budget_bytes=budget, progress=False, prepare=prepare, pool=pool)
-
-
-@pytest.mark.parametrize("mode, policy", [("cadence", "edf"), ("stock", "edf"), ("cadence", "threads")])
-def test_concurrent_sessions_give_the_bytes_of_each_session_alone(tmp_path, fake, mode, policy):
-    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
-    model, seconds = _model(fake), 8 if policy == "edf" else 3
-    refs = {v: duplex.session_hashes(duplex.solo_variant(wl, mode, v, model, fake, {}, ar_stage.NoAR(), "cpu", seconds,
-                                                         clock=FakeClock()))[0] for v in range(2)}
-    assert refs[0] != refs[1]                       # the variants really carry different data
-    run = _run(wl, fake, mode, 2, model=model, variants=2, clock=FakeClock() if policy == "edf" else None,
-               policy=policy, seconds=seconds)
-    assert duplex.check_against_reference(run, refs, 2) == []
-    assert len(duplex.session_hashes(run)) == 2 and [a["phase_s"] for a in run["admission"]] == [0, 0.5]
-    bad = json.loads(json.dumps(run))               # negative control: a session whose bytes differ
-    u = next(u for u in bad["units"] if u["session"] == 1 and u["index"] == 1)
-    assert u["kind"] == "SPEAK"
-    u["sha256_f32"] = "0" * 64
-    assert duplex.check_against_reference(bad, refs, 2) == [
-        f"{mode} N=2 session 1: unit 1 differs from the same session run alone"]
-    assert model["open"] == []                      # every session closed (pooled or not)
-
-
-def test_run_records_speak_time_misses_admission_and_the_cadence_counters(tmp_path, fake):
-    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
-    run = _run(wl, fake, "cadence", 2, clock=FakeClock())
-    m = run["metrics"]
-    assert m["units_run"] == 12 and m["speak_units"] == 12 and m["misses"] == 0
-    for u in (u for u in run["units"] if u["start_ms"] is not None):
-        assert u["lateness_ms"] == pytest.approx(u["end_ms"] - u["deadline_ms"])
-        assert (u["speak_ms"] is None) == (u["kind"] != "SPEAK")
-    assert m["speak_frac_mean"] == pytest.approx(m["speak_ms_mean"] / 1000)
-    a = run["admission"][0]
-    assert a["footprint_how"].startswith("arena_bytes_reserved 4096 + graph_bytes 3072 + other session tensors")
-    assert a["prepared"]["voice"]["captures"] == len(fakes.VOICE) and a["prepared"]["oracle"] is None
-    # the cadence replays what the voice prepared; the turns' final 10-token units were not: eager, counted
-    assert run["captures_during_cadence"] == 0 and run["eager_fallbacks_during_cadence"] == 4
-    assert [c["replays"] for c in run["cadence_counters"]] == [4, 4]
-    with pytest.raises(AdmissionError, match="session 1"):
-        _run(wl, fake, "cadence", 2, clock=FakeClock(), budget=a["footprint_bytes"] * 3 // 2)
-
-
-def test_oracle_graphs_come_from_the_sessions_own_script_and_are_labelled(tmp_path, fake):
-    """With --prepare oracle a session's graphs also cover what its script will meet (a copy of its clocks
-    walked over the units): nothing runs eagerly during the cadence. The record says so."""
-    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
-    run = _run(wl, fake, "cadence", 1, clock=FakeClock(), prepare="oracle")
-    assert run["prepare"] == "oracle" and run["admission"][0]["prepared"]["oracle"]["captures"] > 0
-    assert run["eager_fallbacks_during_cadence"] == 0 and run["captures_during_cadence"] == 0
-    voice = _run(wl, fake, "cadence", 1, clock=FakeClock())
-    assert voice["prepare"] == "voice" and voice["eager_fallbacks_during_cadence"] > 0
-    assert duplex.session_hashes(voice) == duplex.session_hashes(run)     # the bytes do not depend on it
-    stock = _run(wl, fake, "stock", 1, clock=FakeClock(), prepare="oracle")
-    assert stock["prepare"] is None                # stock captures nothing: never labelled
-
-
-def test_sessions_that_are_not_concurrent_hold_the_model_lock_under_threads(tmp_path, fake):
-    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0, session="carried")
-    run = _run(wl, fake, "cadence", 2, seconds=3, policy="threads")
-    assert [a["tail_lock"] for a in run["admission"]] == [True, True]
-    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0)
-    run = _run(wl, fake, "cadence", 2, seconds=3, policy="threads")
-    assert [a["tail_lock"] for a in run["admission"]] == [False, False]
-
-
-def test_a_session_refused_on_a_shared_instance_gets_its_own_copy(tmp_path, fake):
-    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0, exclusive=True)
-    model = _model(fake, **wl.spec)
-    run = _run(wl, fake, "stock", 2, model=model, seconds=3, clock=FakeClock())
-    hows = [a["footprint_how"] for a in run["admission"]]
-    assert hows == ["session tensors (shared model excluded)", "model instance + session tensors"]
-    ref = duplex.session_hashes(run)
-    assert ref[0] == ref[1]
-
-
-def test_warm_up_follows_what_a_turn_does_to_the_state(tmp_path, fake):
-    """A "reset" session gets a warm-up turn (its next start_turn undoes it); a "carried" one none: a unit
-    would change what it carries."""
-    for kind, warm_turns in (("reset", 1), ("carried", 0)):
-        wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=0, session=kind)
-        run = _run(wl, fake, "cadence", 1, seconds=6, clock=FakeClock())
-        assert run["session_stats"][0]["detail"]["turns"] == warm_turns + 2, kind
-
-
-def test_a_warm_up_that_raises_closes_the_session_it_built(tmp_path, fake, monkeypatch):
-    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0)
-    model = _model(fake)
-
-    def boom(self, units, body=duplex_session.WARMUP_TURN_UNITS):
-        raise RuntimeError("warm-up failed")
-    monkeypatch.setattr(duplex_session.Driver, "warm_up", boom)
-    with pytest.raises(RuntimeError, match="warm-up failed"):
-        _run(wl, fake, "cadence", 1, model=model, seconds=3)
-    with pytest.raises(RuntimeError, match="warm-up failed"):
-        duplex.solo_variant(wl, "cadence", 0, model, fake, {}, ar_stage.NoAR(), "cpu", 3, clock=FakeClock())
-    assert model["open"] == []
-
-
-def test_progress_lines_count_the_units_done(tmp_path, fake, monkeypatch, capsys):
-    monkeypatch.setattr(duplex_session, "PROGRESS_S", 0.0)
-    wl = fakes.file_workload(tmp_path, turns=1, speak_per_turn=3, listen_per_turn=0)
-    model = _model(fake)
-    duplex.run_sessions(wl, "cadence", 1, model=model, adapter=fake, spec={}, ar=ar_stage.NoAR(), device="cpu",
-                        seconds=3, clock=FakeClock(), progress=True)
-    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if "units done" in line]
-    assert lines[-1] == "fake cadence N=1: 3/3 units done, 0 of 3 s, 0 missed"
-
-
-def test_cli_end_to_end_writes_a_compact_record(tmp_path, fake, monkeypatch, capsys):
-    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
-    monkeypatch.setattr(workloads, "get", lambda name: wl)
-    monkeypatch.setattr(workloads, "names", lambda: ["fake"])
-    out = tmp_path / "out"
-    rc = duplex.main(["--workload", "fake", "--device", "cpu", "--ar", "busy:1ms", "--sessions", "1,2",
-                      "--seconds", "4", "--out", str(out)])
-    text = (out / "duplex.json").read_text()
-    rec = json.loads(text)
-    assert "\n" not in text and rec["schema"] == records.DUPLEX_SCHEMA
-    runs = rec["workloads"]["fake"]["modes"]["cadence"]["runs"]
-    assert isinstance(runs[0]["units"], dict) and rec["unit_hashes"]       # one table per run, hashes once
-    rows = records.read_duplex(out / "duplex.json")["workloads"]["fake"]["modes"]["cadence"]["runs"][0]["units"]
-    speak = [u for u in rows if u["kind"] == "SPEAK" and u["start_ms"] is not None]
-    assert speak and all(len(u["sha256_f32"]) == 64 and len(u["sha256_pcm16"]) == 64 for u in speak)
-    assert rc == duplex.EXIT_INVALID and rec["verdict"] == "INVALID"      # 4 s < 60 s (and maybe a dirty tree)
-    assert any("< 60 s" in r for r in rec["invalid_reasons"])
-    w = rec["workloads"]["fake"]
-    assert {m: v["units"] for m, v in w["process_warm_up"].items()} == {"stock": 3, "cadence": 3}
-    assert rec["parameters"]["policy"] == {"stock": "edf", "cadence": "edf"} and rec["parameters"]["prepare"] == "voice"
-    assert sorted(p.name for p in out.iterdir()) == ["duplex.json"]       # plots are the report's
-    printed = capsys.readouterr().out
-    assert "fake cadence: max sessions with zero misses = 2" in printed and "N=  2" in printed
-
-
-def test_cli_bad_ar_is_a_clear_error(tmp_path):
-    with pytest.raises(SystemExit, match="--ar: a busy time is written"):
-        duplex.main(["--ar", "busy:soon", "--out", str(tmp_path)])
-
-
-def test_cli_out_that_is_a_file_exits_2_before_any_work(tmp_path, capsys):
-    f = tmp_path / "a-file"
-    f.write_text("x")
-    with pytest.raises(SystemExit, match="--out") as exc:
-        duplex.main(["--out", str(f)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--out" in err[0] and f.read_text() == "x"
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_cli_cuda_without_cuda_exits_2_naming_the_flag(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exc:
-        duplex.main(["--device", "cuda", "--out", str(tmp_path / "out")])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("python -m suite.measure.duplex: error: --device")
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("flags,match", [
-    (["--seconds", "nan"], "--seconds"),
-    (["--workload", "nosuch"], "--workload"),
-    (["--steps", "0"], "--steps"),
-    (["--device", "tpu"], "--device"),
-    (["--budget-mib", "-1"], "--budget-mib"),
-    (["--after-miss", "-1"], "--after-miss"),
-    (["--stock-sessions", "x"], "--stock-sessions"),
-    (["--modes", "bogus"], "--modes"),
-    (["--modes", "stock,stock"], "--modes"),
-    (["--stock-policy", "bogus"], "--stock-policy"),
-    (["--policy", "bogus"], "--policy"),
-    (["--prepare", "script"], "--prepare"),
-    (["--seconds", "abc"], "--seconds"),
-])
-def test_cli_bad_flag_exits_2_naming_the_flag_before_any_work(tmp_path, capsys, flags, match):
-    with pytest.raises(SystemExit, match=match) as exc:
-        duplex.main([*flags, "--out", str(tmp_path / "out")])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and match in err[0] and "Traceback" not in err[0]
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("seconds", ["1", "3"])
-def test_cli_seconds_before_the_first_speak_unit_exits_2_before_any_work(tmp_path, capsys, seconds):
-    # minicpmo45's script opens with 3 LISTEN units: a window without a SPEAK unit would measure nothing
-    with pytest.raises(SystemExit, match="--seconds") as exc:
-        duplex.main(["--workload", "minicpmo45", "--seconds", seconds, "--sessions", "1", "--depth", "reduced",
-                     "--out", str(tmp_path / "out")])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--seconds" in err[0] and "SPEAK" in err[0]
-    assert not (tmp_path / "out").exists()
+# --- records: schemas and codes ---------------------------------------------------------------------------
+def test_older_duplex_schemas_stay_readable_and_capture_reasons_have_their_code():
+    assert records.DUPLEX_SCHEMA == "duplexcadence.duplex/3"
+    assert set(records.DUPLEX_READ_SCHEMAS) == {"duplexcadence.duplex/1", "duplexcadence.duplex/2", "duplexcadence.duplex/3"}
+    old = {**part("cadence"), "schema": "duplexcadence.duplex/2"}
+    assert records.unpack_units(json.loads(json.dumps(records.pack_units(old)))) == old
+    reasons = [f"cadence N=4: 2 {records.CAPTURE_IN_UNIT}", "cadence N=4 session 1: unit 3 differs from the same "
+               "session run alone", records.DIRTY_TREE]
+    assert records.invalid_codes(reasons) == ["capture_in_timed_unit", "mismatch", "dirty_tree"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: per-session streams and busy kernels")
@@ -536,17 +460,3 @@ def test_busy_ar_on_cuda_occupies_the_stream():
     end.record()
     end.synchronize()
     assert 15 <= start.elapsed_time(end) <= 40
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: one stream per session, device timing")
-@pytest.mark.parametrize("policy", ["edf", "threads"])
-def test_cuda_sessions_on_streams_give_the_bytes_of_each_session_alone(tmp_path, fake, policy):
-    wl = fakes.file_workload(tmp_path, turns=2, speak_per_turn=3, listen_per_turn=1)
-    model = fake.build_model({}, device="cuda", depth="reduced", seed=0)
-    refs = {v: duplex.session_hashes(duplex.solo_variant(wl, "cadence", v, model, fake, {}, ar_stage.NoAR(), "cuda",
-                                                         4, clock=FakeClock()))[0] for v in range(2)}
-    run = duplex.run_sessions(wl, "cadence", 4, model=model, adapter=fake, spec={},
-                              ar=ar_stage.make_ar("busy:5ms", "fake", "cuda"), device="cuda", seconds=4,
-                              policy=policy, variants=2, progress=False)
-    assert duplex.check_against_reference(run, refs, 2) == []
-    assert all(u["device_ms"] is not None for u in run["units"] if u["start_ms"] is not None)

@@ -226,3 +226,20 @@ def test_close_frees_the_session_at_once_without_the_cycle_collector(model):
         assert growth[-1] - growth[2] < 3 * arena, (growth, arena)
     finally:
         gc.enable()
+
+
+def test_prepare_at_open_before_any_unit_leaves_the_static_inputs_writable(model):
+    """A server prepares a voice's graphs at open, before the first unit: the warm-up that runs then (nothing warmed
+    in the process yet) must not make the static step inputs inference tensors, or the first unit's copy into
+    them outside inference mode fails. The units after it give the bytes of a session that never prepared."""
+    with fh.new_session(model, "cadence") as plain:
+        plain.start_turn()
+        want = [plain.speak(tokens_for(u, 25)).sha256() for u in range(2)]
+    with fh.new_session(model, "cadence") as s:
+        fake = s.graphs = FakeGraphs()
+        if model.variant == "minicpmo45":
+            s.vocoder.graphs = fake
+        s.prepare()
+        assert fake.stats.warmup_runs == 2 and fake.stats.captures > 0
+        s.start_turn()
+        assert [s.speak(tokens_for(u, 25)).sha256() for u in range(2)] == want

@@ -67,3 +67,13 @@ def test_script_rows_are_validated_like_a_file():
     rows[5] = dict(rows[5], unit=99)
     with pytest.raises(ScriptError, match="unit"):
         traffic.script_from_rows(rows, traffic.FORMATS["flow_hift"], "bad")
+
+
+def test_the_window_scan_counts_speech_as_make_sessions_does():
+    """traffic.speech_ms (bisect over merged segments) gives make_sessions.speech_ms's ints, windows or not."""
+    wins = traffic.windows(60)
+    for w in wins[::29]:
+        assert traffic.speech_ms(w.recording, w.speaker, w.start_ms, 60) == make_sessions.speech_ms(
+            w.recording, w.speaker, w.start_ms, 60)
+    for rec, spk, start in (("mpvoh", "spk01", 17_000), ("mpvoh", "spk00", 123), (wins[5].recording, "spk00", 999)):
+        assert traffic.speech_ms(rec, spk, start, 90) == make_sessions.speech_ms(rec, spk, start, 90)

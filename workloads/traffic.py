@@ -16,6 +16,8 @@ Nothing here builds a model; a harness hands each session its script one unit at
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import random
 from dataclasses import dataclass
 
@@ -54,9 +56,54 @@ def recordings() -> list[str]:
     return sorted({r["recording_id"] for r in make_sessions.timing_rows()})
 
 
-def _speech(recording: str, speaker: str) -> list[tuple[int, int]]:
-    return sorted((round(r["start_s"] * 1000), round(r["end_s"] * 1000)) for r in make_sessions.timing_rows()
+@functools.lru_cache(maxsize=None)
+def _merged(recording: str, speaker: str) -> tuple[tuple[int, int], ...]:
+    """`speaker`'s speech in `recording` as sorted, disjoint [start, end) ms segments (overlaps merged as
+    make_sessions.speech_ms merges them)."""
+    segs = sorted((round(r["start_s"] * 1000), round(r["end_s"] * 1000)) for r in make_sessions.timing_rows()
                   if r["recording_id"] == recording and r["speaker"] == speaker)
+    merged: list[list[int]] = []
+    for s, e in segs:
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return tuple((s, e) for s, e in merged)
+
+
+def speech_ms(recording: str, speaker: str, start_ms: int, units: int) -> list[int]:
+    """make_sessions.speech_ms (ms of `speaker`'s speech in each one-second unit from `start_ms`), the same
+    ints from the segments that overlap each unit only (bisect), so scanning every window stays fast."""
+    merged = _merged(recording, speaker)
+    ends = [e for _, e in merged]
+    out = []
+    for k in range(units):
+        a = start_ms + k * make_sessions.UNIT_MS
+        b = a + make_sessions.UNIT_MS
+        total, i = 0, bisect.bisect_right(ends, a)
+        while i < len(merged) and merged[i][0] < b:
+            total += max(0, min(b, merged[i][1]) - max(a, merged[i][0]))
+            i += 1
+        out.append(total)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _windows(units: int) -> tuple[Window, ...]:
+    out = []
+    for rec in recordings():
+        for spk in SPEAKERS:
+            segs = _merged(rec, spk)
+            if not segs:
+                continue
+            start, end = segs[0][0], max(e for _, e in segs)
+            while start + units * 1000 <= end + 1000 * units // 2:
+                turns = make_sessions.turns_of(speech_ms(rec, spk, start, units))
+                speak = [t for t in turns if t is not None]
+                if speak and len(speak) >= MIN_SPEAK_UNITS and max(speak) + 1 >= MIN_TURNS:
+                    out.append(Window(rec, spk, start, units))
+                start += units * 1000
+    return tuple(out)
 
 
 def windows(units: int = 60) -> list[Window]:
@@ -64,20 +111,7 @@ def windows(units: int = 60) -> list[Window]:
     Raises ValueError for units < 1."""
     if isinstance(units, bool) or not isinstance(units, int) or units < 1:
         raise ValueError(f"units: expected an int >= 1 seconds, got {units!r}")
-    out = []
-    for rec in recordings():
-        for spk in SPEAKERS:
-            segs = _speech(rec, spk)
-            if not segs:
-                continue
-            start, end = segs[0][0], max(e for _, e in segs)
-            while start + units * 1000 <= end + 1000 * units // 2:
-                turns = make_sessions.turns_of(make_sessions.speech_ms(rec, spk, start, units))
-                speak = [t for t in turns if t is not None]
-                if speak and len(speak) >= MIN_SPEAK_UNITS and max(speak) + 1 >= MIN_TURNS:
-                    out.append(Window(rec, spk, start, units))
-                start += units * 1000
-    return out
+    return list(_windows(units))
 
 
 def session_script(architecture: str, window: Window, seed: int) -> SessionScript:

@@ -1,219 +1,173 @@
-"""The live duplex path: SPEAK time against the one-second cadence, and sessions per GPU.
+"""The live duplex path: SPEAK time against the one-second cadence, and sessions per GPU by a search.
 
-    python -m suite.measure.duplex --workload minicpmo45 --device cuda --ar none|busy:30ms|standin \
-        --modes cadence --sessions 1,2,4,8 --seconds 60 [--prepare voice|oracle] --out DIR
+    python -m suite.measure.duplex --workload minicpmo45 --device cuda --modes cadence --policy threads \
+        --start 24 --budget-s 240 [--seconds 60] [--prepare oracle] --out DIR
 
-Per workload, mode and session count N: open N sessions, prepare and warm each, admit them (admission
-from each session's arena + graph bytes), then run them together on the cadence with staggered phases.
-Every SPEAK unit runs the AR stage, then the tail (`session.speak`); a LISTEN unit with a payload runs the
-tail only. Per unit: SPEAK time (AR + tail), CUDA-event time, lateness, the miss flag; per run: mean and
-p99 SPEAK time against the cadence, miss rate, the sessions' graph counters over the cadence, and every
-session's bytes against the same session run alone; per mode: the largest N with zero misses.
+Per workload and mode, a search (suite.measure.search) finds the largest session count N with zero missed
+units over `--seconds` (60) of every session's own script: from `--start` it grows by `--grow` while runs are
+clean, shrinks while they miss, then bisects, within `--budget-s` wall seconds (it stops with the bracket it
+has). `--sessions LIST` runs a fixed list instead (comparison with older records). Each count's sessions
+(suite.measure.duplex_run): their own VoxConverse scripts (`--traffic voxconverse`, workloads.traffic: seed
+`--seed`, joins spread over `--join-within-s`), or the committed script tiled (`--traffic committed`). A
+count is refused before anything is built when the sessions' bytes measured so far (arena + graphs at the end
+of a run) times N do not fit the memory budget (the model is resident when it is read), or while building (a
+session's own bytes); a refusal is an upper bound, recorded with its reason.
 
-`--prepare`: "voice" (default) is `session.prepare(None)`, what a server can do; "oracle" also captures
-what each session's own script will meet (foreknowledge: recorded as such, never the headline).
-Policies: "edf" (one thread, earliest deadline first) or "threads" (a thread and a CUDA stream per
-session; sessions that are not `concurrent` hold their model instance's lock around the tail). Sessions
-share one model instance; one the adapter refuses there (ConcurrencyError) gets its own copy. Session s
-decodes the script, tiled to --seconds, with its ids shifted by 97 * (s mod variants). Writes
---out/duplex.json (checkpointed after every run, verdict PARTIAL until the end). Exit status: 0 VALID,
-EXIT_INVALID (1) for a complete INVALID record, 2 for bad arguments.
+Graphs: each cadence session runs `prepare(None)` at open (the voice), then captures in its slack what its
+units met without a graph and the likely next unit's signatures (suite.measure.slack), never inside a timed
+unit; `--prepare oracle` also captures its own script's signatures at open (foreknowledge: labelled, never the
+headline). Policies: "edf" (one thread; slack jobs in idle time, or `--slack after`: right after the unit) or
+"threads" (a thread and a CUDA stream per session; sessions that are not `concurrent` hold their model
+instance's lock around the tail and their slack captures). Every session's bytes are compared with the same
+session run alone (the first `--reference-sessions`; all by default). Writes --out/duplex.json (checkpointed
+after every count, verdict PARTIAL until the end). Exit status: 0 VALID, EXIT_INVALID (1) for a complete
+INVALID record, 2 for bad arguments.
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
-import copy
 import gc
-import math
+import hashlib
+import json
 import sys
-import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import workloads
-from duplexcadence import graphs, runtime
-from duplexcadence.errors import ConcurrencyError
+from duplexcadence import runtime
 from suite.measure import env, scheduler
-from suite.measure.ar_stage import ARSpecError, make_ar, parse_ar
-from suite.measure.duplex_session import (PERIOD_S, PREPARES, Driver, PoolEntry, Progress, check_against_reference,
-                                          footprint, has_work, metrics, next_bisect, parse_sessions, session_hashes,
-                                          session_units)
+from suite.measure.ar_stage import make_ar
+from suite.measure.duplex_args import build_parser, check_args, counts_of, names_of
+from suite.measure.duplex_run import Traffic, model_bytes, open_entry, plans, reference, run_sessions
+from suite.measure.duplex_session import PERIOD_S, check_bytes, synthetic_payload
 from suite.measure.memory import MemoryProbe
-from suite.measure.session import make_spec, open_session
-from suite.records import (DIRTY_TREE, DUPLEX_SCHEMA, EXIT_INVALID, MIN_SECONDS, NOT_FINISHED, SHORT_RUN, jsonable,
-                           max_zero_miss, write_duplex)
+from suite.measure.search import FixedCounts, SessionSearch
+from suite.measure.session import make_spec
+from suite.records import (CAPTURE_IN_UNIT, DIRTY_TREE, DUPLEX_SCHEMA, EXIT_INVALID, MIN_SECONDS, NOT_FINISHED,
+                           SHORT_RUN, jsonable, max_zero_miss, write_duplex)
 
 MODES = ("stock", "cadence")
-CADENCE_COUNTERS = ("captures", "replays", "eager_runs", "eager_fallbacks", "capture_failures")
-
-
-def _open(workload, mode, model, adapter, spec):
-    """(session, its model instance, own instance?): on the shared instance, or on a copy where the adapter
-    refuses a second session on it (ConcurrencyError)."""
-    try:
-        return open_session(adapter, model, mode, spec), model, False
-    except ConcurrencyError:
-        instance = copy.deepcopy(model)
-        return open_session(adapter, instance, mode, spec), instance, True
-
-
-def run_sessions(workload, mode: str, n: int, *, model, adapter, spec: dict, ar, device, seconds: float,
-                 policy: str = "edf", variants: int = 1, budget_bytes: int | None = None, clock=None,
-                 probe: MemoryProbe | None = None, progress: bool = True, pool: list | None = None,
-                 prepare: str = "voice") -> dict:
-    """N sessions of one mode on the cadence. Returns the run record (units, metrics, admission, memory,
-    per-session graph counters over the cadence). Raises AdmissionError if a session does not fit (the
-    record is not made). Sessions built for this run only are closed however it ends; streams leased for
-    it are given back.
-
-    pool: a list the caller keeps across runs of one mode: prepared and warmed sessions whose start_turn
-    restores the voice's base state (turn_state "reset") are taken from it (the first n), new ones added;
-    the caller closes them. Without one, every session closes with the run.
-    prepare: "voice" | "oracle" (`Driver.prepare`)."""
-    device = torch.device(device)
-    if probe is not None:
-        probe.begin_session()
-    sched = scheduler.CadenceScheduler(period_s=PERIOD_S, policy=policy, clock=clock, budget_bytes=budget_bytes)
-    phases = scheduler.staggered_phases(n, PERIOD_S)
-    kept = pool is not None            # the caller keeps the pool: else its sessions close with the run
-    pool = pool if kept else []
-    locks: dict[int, threading.Lock] = {}
-    drivers, admission, fresh, streams, before, estimate = [], [], [], [], [], 0
-    try:
-        for s in range(n):
-            name = f"{workload.name}/{mode}/{s}"
-            units = session_units(workload, seconds, s % variants)
-            reused = s < len(pool)
-            if reused:
-                entry = pool[s]
-            else:
-                sched.check(name, estimate)    # before building: the bytes of the session built last
-                session, instance, own = _open(workload, mode, model, adapter, spec)
-                drv = Driver(session, ar, device, name)
-                try:
-                    drv.prepare(units, prepare if mode != "stock" else "voice")
-                    drv.warm_up(units)
-                    entry = PoolEntry(instance, drv, *footprint(session, mode, model, own))
-                except BaseException:
-                    session.close()            # not in fresh/pool yet
-                    raise
-                (pool if session.capabilities.turn_state == "reset" else fresh).append(entry)
-            estimate, drv = entry.nbytes, entry.driver
-            drv.turn = None                    # the run's first SPEAK unit opens a turn
-            locked = policy == "threads" and not drv.session.capabilities.concurrent
-            drv.tail_lock = (locks.setdefault(id(entry.instance), threading.Lock()) if locked
-                             else contextlib.nullcontext())
-            stream = graphs.STREAMS.acquire(device) if (policy == "threads" and device.type == "cuda") else None
-            if stream is not None:
-                streams.append(stream)
-            sched.admit(scheduler.Slot(name, units, drv.run_unit, has_work, entry.nbytes, phases[s], stream))
-            drivers.append(drv)
-            before.append(drv.session.stats())
-            admission.append({"session": s, "footprint_bytes": entry.nbytes, "footprint_how": entry.how,
-                              "variant": s % variants, "phase_s": phases[s], "reused": reused, "tail_lock": locked,
-                              "prepared": jsonable(drv.prepared)})
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        total = sum(has_work(u) for slot in sched.slots for u in slot.units)
-        sched.on_unit = Progress(f"{workload.name} {mode} N={n}", total, seconds, progress)
-        t0 = time.perf_counter()
-        timings = sched.run()
-        wall_s = time.perf_counter() - t0
-        stats = [d.session.stats() for d in drivers]
-    finally:
-        if streams:
-            try:
-                torch.cuda.synchronize(device)     # nothing queued on a stream handed back
-            finally:
-                for st in streams:
-                    graphs.STREAMS.release(st)
-        for e in fresh + ([] if kept else pool):
-            e.driver.session.close()
-    units = []
-    for t in timings:
-        rec = {"session": t.session, "index": t.index, "kind": t.kind, "release_ms": t.release_s * 1e3,
-               "deadline_ms": t.deadline_s * 1e3, "start_ms": None if t.start_s is None else t.start_s * 1e3,
-               "end_ms": None if t.end_s is None else t.end_s * 1e3,
-               "service_ms": None if t.service_s is None else t.service_s * 1e3,
-               "lateness_ms": None if t.lateness_s is None else t.lateness_s * 1e3, "miss": t.miss}
-        rec.update(t.output or {})
-        rec["speak_ms"] = rec["ar_ms"] + rec["tail_ms"] if (t.kind == "SPEAK" and t.output) else None
-        units.append(rec)
-    memory = {}
-    if probe is not None:
-        probe.observe()
-        memory = probe.end_session()
-        memory["pooled_sessions_alive"] = len(pool)
-    cadence = [{k: getattr(a, k) - getattr(b, k) for k in CADENCE_COUNTERS} for a, b in zip(stats, before)]
-    del drivers, fresh
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    out = {"mode": mode, "sessions": n, "policy": policy, "prepare": prepare if mode != "stock" else None,
-           "wall_s": wall_s, "admission": admission, "metrics": metrics(units), "memory": memory,
-           "session_stats": jsonable([st.to_dict() for st in stats]), "cadence_counters": cadence,
-           "captures_during_cadence": sum(c["captures"] for c in cadence),
-           "eager_fallbacks_during_cadence": sum(c["eager_fallbacks"] for c in cadence), "units": units}
-    if progress:
-        m = out["metrics"]
-        speak = (f"SPEAK mean {m['speak_ms_mean']:7.1f} ms, p99 {m['speak_ms_p99']:7.1f} ms"
-                 if m["speak_units"] else "no SPEAK unit")
-        print(f"  {workload.name} {mode:7s} N={n:3d}: {speak}, misses {m['misses']}/{m['units_run']}, captures "
-              f"{out['captures_during_cadence']}, eager fallbacks {out['eager_fallbacks_during_cadence']}", flush=True)
-    return out
 
 
 def warm_process(workload, mode, model, adapter, spec, ar, device, units: int = 3) -> dict:
-    """Before a mode's first run: the first `units` units with work of a throwaway session (prepared, then
-    closed), so the process's lazy initialisations (CUDA context, cuBLAS/cuDNN handles, kernel loading) do
-    not land on a measured session's first unit. Returns {"units": n, "ms": [...]}."""
-    session, _, _ = _open(workload, mode, model, adapter, spec)
+    """Before a mode's first count: `units` units of synthetic payload (max_payload each; no session's script)
+    on a throwaway session, prepared, then closed, so the process's lazy initialisations (CUDA context,
+    cuBLAS/cuDNN handles, kernel loading) do not land on a measured session's first unit. Returns {"units",
+    "ms": [...]}."""
+    entry = open_entry(workload, mode, model, adapter, spec, ar, device, f"warm/{mode}", [], "voice")
+    session, done = entry.driver.session, []
     try:
-        drv = Driver(session, ar, device, f"warm/{mode}")
-        drv.prepare([], "voice")
-        done = []
-        for u in session_units(workload, float(max(units, 1)) * 4, variant=1):
-            if len(done) == units:
-                break
-            if has_work(u):
-                t0 = time.perf_counter()
-                drv.run_unit(u)
-                done.append((time.perf_counter() - t0) * 1e3)
+        caps = session.capabilities
+        session.start_turn()
+        for k in range(units):
+            t0 = time.perf_counter()
+            session.speak(synthetic_payload(workload.payload_format, caps.max_payload, seed=100 + k), final=False)
+            done.append((time.perf_counter() - t0) * 1e3)
     finally:
         session.close()
     return {"units": len(done), "ms": done}
 
 
-def solo_variant(workload, mode, v, model, adapter, spec, ar, device, seconds, prepare: str = "voice",
-                 clock=None) -> dict:
-    """One session of payload variant v alone on the cadence (run_sessions with N=1, variant v); clock: the
-    scheduler's (default: the wall clock)."""
-    units = session_units(workload, seconds, v)
-    session, _, _ = _open(workload, mode, model, adapter, spec)
-    try:
-        drv = Driver(session, ar, device, f"solo/{v}")
-        drv.prepare(units, prepare if mode != "stock" else "voice")
-        drv.warm_up(units)
-        sched = scheduler.CadenceScheduler(period_s=PERIOD_S, clock=clock)
-        sched.admit(scheduler.Slot(drv.name, units, drv.run_unit, has_work))
-        timings = sched.run()
-    finally:
-        session.close()
-    return {"units": [{"session": 0, "index": t.index, **(t.output or {})} for t in timings]}
+def _digest(rows: list) -> str:
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
-def measure_workload(workload, *, device, ar_spec: str, sessions: dict, seconds: float, modes=MODES,
-                     policy: dict | str = "edf", variants: int = 1, depth: str = "released",
-                     steps: int | None = None, budget_mib: float | None = None, seed: int = 0,
-                     after_miss: int = 1, bisect: bool = False, progress: bool = True, on_run=None,
-                     prepare: str = "voice") -> dict:
-    """Every mode x N for one workload on one model build. Returns the workload's record.
-    sessions: {mode: counts}; policy: a policy or {mode: policy}. after_miss: once a run of a mode misses,
-    at most this many larger N (the miss-rate curve). bisect: then bisect to the exact largest N with zero
-    misses. on_run(record so far): after every run (checkpoints)."""
+class ModeSearch:
+    """One mode's counts on one model build: the search, the references, the pool (committed traffic), the
+    record. `one(n)` runs (or refuses) a count and records it; `estimate_s(n)` is the search's time estimate."""
+
+    def __init__(self, ctx: dict, mode: str, search: SessionSearch, *, policy: str, prepare: str):
+        self.ctx, self.mode, self.search, self.policy, self.prepare = ctx, mode, search, policy, prepare
+        self.runs, self.refs, self.pool, self.reasons, self.notes = [], {}, [], [], []
+        self.per_session_bytes, self.build_s, self.ref_s = None, [], []
+
+    def estimate_s(self, n: int) -> float:
+        tr, c = self.ctx["traffic"], self.ctx
+        run = tr.seconds + (tr.join_within_s if tr.kind == "voxconverse" else PERIOD_S) + 2 * PERIOD_S
+        build = max(0, n - len(self.pool)) * (float(np.mean(self.build_s)) if self.build_s else 0.0)
+        limit = n if c["reference_sessions"] is None else min(n, c["reference_sessions"])
+        keys = {p.key for p in plans(c["workload"], limit, tr)} if limit else set()
+        refs = len(keys - set(self.refs)) * (float(np.mean(self.ref_s)) if self.ref_s else 0.0)
+        return run + build + refs
+
+    def refuse(self, n: int, reason: str) -> None:
+        self.runs.append({"mode": self.mode, "sessions": n, "refused": reason, "metrics": {"misses": None}})
+        self.search.record(n, "refused", reason=reason)
+        if self.ctx["progress"]:
+            print(f"  {self.ctx['workload'].name} {self.mode} N={n}: refused: {reason}", flush=True)
+
+    def one(self, n: int) -> None:
+        c, t0 = self.ctx, time.monotonic()
+        budget = c["budget_bytes"]
+        if self.per_session_bytes and budget is not None and n * self.per_session_bytes > budget:
+            per = self.per_session_bytes
+            return self.refuse(n, f"admission: {n} sessions x {per} bytes (the most one session held at the end of "
+                                  f"a run: arena + graphs + its other tensors) = {n * per} bytes > the {budget} bytes "
+                                  f"left for sessions beside the model ({c['model_bytes']} bytes)")
+        session_plans = plans(c["workload"], n, c["traffic"])
+        limit = n if c["reference_sessions"] is None else min(n, c["reference_sessions"])
+        for p in session_plans[:limit]:
+            if p.key not in self.refs:
+                t = time.monotonic()
+                self.refs[p.key] = reference(c["workload"], self.mode, p, c["model"], c["adapter"], c["spec"],
+                                             c["ar"], c["device"], self.prepare)
+                self.ref_s.append(time.monotonic() - t)
+        try:
+            run = run_sessions(c["workload"], self.mode, session_plans, model=c["model"], adapter=c["adapter"],
+                               spec=c["spec"], ar=c["ar"], device=c["device"], policy=self.policy, slack=c["slack"],
+                               budget_bytes=budget, probe=c["probe"], progress=c["progress"],
+                               pool=self.pool if c["traffic"].kind == "committed" else None, prepare=self.prepare,
+                               clock=c["clock"]())
+        except (scheduler.AdmissionError, torch.OutOfMemoryError) as exc:
+            gc.collect()
+            if c["device"].type == "cuda":
+                torch.cuda.empty_cache()
+            return self.refuse(n, f"{type(exc).__name__}: {exc}")
+        run["bytes"] = check_bytes(run, self.refs, [p.key for p in session_plans])
+        self.reasons += run["bytes"]["mismatches"]
+        if run["captures_inside_timed_units"]:
+            self.reasons.append(f"{self.mode} N={n}: {run['captures_inside_timed_units']} {CAPTURE_IN_UNIT}")
+        if run["bytes"]["unchecked"]:
+            self.notes.append(f"{self.mode} N={n}: {len(run['bytes']['unchecked'])} session(s) not compared with "
+                              f"themselves alone (--reference-sessions {c['reference_sessions']})")
+        self.runs.append(run)
+        self.build_s += [a["build_s"] for a in run["admission"] if not a["reused"]]
+        ends = [s["footprint_end_bytes"] for s in run["capture"]]
+        self.per_session_bytes = max([self.per_session_bytes or 0, *ends]) or None
+        self.search.record(n, "missed" if run["metrics"]["misses"] else "clean", time.monotonic() - t0)
+
+    def record(self, done: bool) -> dict:
+        out = {"runs": self.runs, "max_zero_miss_sessions": max_zero_miss(self.runs), "prepare": self.prepare,
+               "policy": self.policy, "search": self.search.to_dict(),
+               "references": {"sessions": len(self.refs), "limit": self.ctx["reference_sessions"],
+                              "digests": {str(k): _digest(v) for k, v in self.refs.items()},
+                              "first_session_units": self.refs.get(next(iter(self.refs), None))},
+               "admission": {"budget_bytes": self.ctx["budget_bytes"], "model_bytes": self.ctx["model_bytes"],
+                             "per_session_bytes_max": self.per_session_bytes}}
+        if not done:
+            out["partial"] = True
+        return out
+
+    def close(self) -> None:
+        for e in self.pool:
+            e.driver.session.close()
+        self.pool.clear()
+        gc.collect()
+
+
+def measure_workload(workload, *, device, ar_spec: str, modes=MODES, policy: dict | str = "edf",
+                     traffic: Traffic = Traffic(), counts: dict | None = None, start: dict | int = 1,
+                     grow: float = 2.0, max_sessions: int | None = None, budget_s: float | None = None,
+                     depth: str = "released", steps: int | None = None, budget_mib: float | None = None,
+                     seed: int = 0, after_miss: int = 1, progress: bool = True, on_run=None, prepare: str = "voice",
+                     slack: str = "idle", reference_sessions: int | None = None, clock=None,
+                     search_clock=time.monotonic) -> dict:
+    """Every mode of one workload on one model build, each by its own search (or `counts[mode]`, a fixed list).
+    policy, start: one value or {mode: value}. budget_s: wall seconds per mode's search. clock: a factory of the
+    scheduler's Clock per run (None: the wall clock). on_run(record so far): after every count. Returns the
+    workload's record."""
     device = torch.device(device)
     adapter = runtime.adapter(workload.architecture)
     spec = make_spec(workload, steps)
@@ -223,79 +177,56 @@ def measure_workload(workload, *, device, ar_spec: str, sessions: dict, seconds:
     probe.model_loaded()
     budget = int(budget_mib * 2 ** 20) if budget_mib is not None else (
         int(torch.cuda.mem_get_info(device)[0] * 0.9) if device.type == "cuda" else None)
+    ctx = {"workload": workload, "device": device, "adapter": adapter, "spec": spec, "model": model, "ar": ar,
+           "probe": probe, "budget_bytes": budget, "model_bytes": model_bytes(model), "traffic": traffic,
+           "slack": slack, "reference_sessions": reference_sessions, "progress": progress,
+           "clock": clock or (lambda: None)}
     out = {"workload": workload.name, "architecture": workload.architecture, "euler_steps": spec.get("n_timesteps"),
-           "ar": ar.describe(), "budget_bytes": budget, "modes": {}, "reference": {}, "invalid_reasons": [],
-           "process_warm_up": {}}
+           "ar": ar.describe(), "budget_bytes": budget, "model_bytes": ctx["model_bytes"], "modes": {},
+           "invalid_reasons": [], "notes": [], "process_warm_up": {}}
     for mode in modes:
-        counts = sessions[mode]
-        mode_policy = policy[mode] if isinstance(policy, dict) else policy
         how = prepare if mode != "stock" else "voice"
-        runs, refs, pool, missed = [], {}, [], None
+        mode_policy = policy[mode] if isinstance(policy, dict) else policy
+        first = start[mode] if isinstance(start, dict) else start
+        search = (FixedCounts(counts[mode], after_miss=after_miss, budget_s=budget_s, clock=search_clock)
+                  if counts and counts.get(mode) else
+                  SessionSearch(first, grow=grow, max_sessions=max_sessions, budget_s=budget_s, clock=search_clock))
+        ms = ModeSearch(ctx, mode, search, policy=mode_policy, prepare=how)
         out["process_warm_up"][mode] = warm_process(workload, mode, model, adapter, spec, ar, device)
-        for v in range(min(variants, max(counts))):
-            if not (v == 0 and counts[0] == 1):     # the same session run alone, on the cadence
-                refs[v] = session_hashes(solo_variant(workload, mode, v, model, adapter, spec, ar, device,
-                                                      seconds, how))[0]
-
-        def one(n: int) -> dict | None:
-            """Run N sessions; append the run (or its refusal); None if refused."""
-            try:
-                run = run_sessions(workload, mode, n, model=model, adapter=adapter, spec=spec, ar=ar,
-                                   device=device, seconds=seconds, variants=variants, policy=mode_policy,
-                                   budget_bytes=budget, probe=probe, progress=progress, pool=pool, prepare=how)
-            except (scheduler.AdmissionError, torch.OutOfMemoryError) as exc:
-                gc.collect()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                runs.append({"mode": mode, "sessions": n, "refused": f"{type(exc).__name__}: {exc}",
-                             "metrics": {"misses": None}})
-                if progress:
-                    print(f"  {workload.name} {mode} N={n}: refused: {exc}", flush=True)
-                return None
-            if n == 1 and 0 not in refs:
-                refs[0] = session_hashes(run)[0]
-            run["mismatches"] = check_against_reference(run, refs, variants)
-            out["invalid_reasons"] += run["mismatches"]
-            runs.append(run)
-            out["modes"][mode] = {"runs": runs, "max_zero_miss_sessions": max_zero_miss(runs), "partial": True}
-            if on_run is not None:
-                on_run(out)
-            return run
-
         try:
-            for n in counts:
-                if missed is not None and sum(r["sessions"] > missed for r in runs) >= after_miss:
-                    break
-                run = one(n)
-                if run is None:
-                    break
-                if run["metrics"]["misses"] and missed is None:
-                    missed = n
-            while bisect and (n := next_bisect(runs)) is not None:
-                one(n)
+            while (n := search.next(ms.estimate_s)) is not None:
+                ms.one(n)
+                out["modes"][mode] = ms.record(done=False)
+                if on_run is not None:
+                    on_run({**out, "invalid_reasons": out["invalid_reasons"] + ms.reasons})
         finally:
-            for e in pool:
-                e.driver.session.close()
-            pool.clear()
-            gc.collect()
-        out["modes"][mode] = {"runs": runs, "max_zero_miss_sessions": max_zero_miss(runs), "prepare": how}
-        out["reference"][mode] = {str(v): len(r) for v, r in refs.items()}
+            ms.close()
+        out["modes"][mode] = ms.record(done=True)
+        out["invalid_reasons"] += ms.reasons
+        out["notes"] += ms.notes
+        if progress:
+            b = search.bracket()
+            print(f"  {workload.name} {mode}: bracket lo={b.lo} hi={b.hi} ({'exact' if b.exact else 'not exact'}); "
+                  f"stopped: {search.stopped}", flush=True)
     return out
 
 
-def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
+def run(args, command: list[str] | None = None) -> dict:
     """The CLI's work: every workload, duplex.json in args.out (checkpointed). Returns the record."""
-    names = workloads.names() if args.workload == "all" else [w.strip() for w in args.workload.split(",")]
+    names = names_of(args.workload)
     device = torch.device(args.device)
-    sessions = {m: parse_sessions(args.stock_sessions if (m == "stock" and args.stock_sessions) else args.sessions)
-                for m in args.modes}
+    counts = counts_of(args)
     policies = {m: (args.stock_policy if (m == "stock" and args.stock_policy) else args.policy) for m in args.modes}
+    starts = {m: (args.stock_start if (m == "stock" and args.stock_start) else args.start) for m in args.modes}
+    traffic = Traffic(args.traffic, args.seconds, args.seed, args.join_within_s, args.variants)
     prov = env.provenance(command, device=device)
     record = {"schema": DUPLEX_SCHEMA, "provenance": prov, "parameters": {
-        "ar": args.ar, "sessions": sessions, "seconds": args.seconds, "policy": policies, "variants": args.variants,
-        "depth": args.depth, "steps": args.steps, "period_s": PERIOD_S, "budget_mib": args.budget_mib,
-        "modes": list(args.modes), "after_miss": args.after_miss, "bisect": args.bisect, "prepare": args.prepare},
-        "workloads": {}}
+        "ar": args.ar, "seconds": args.seconds, "policy": policies, "traffic": args.traffic, "seed": args.seed,
+        "join_within_s": args.join_within_s, "variants": args.variants, "depth": args.depth, "steps": args.steps,
+        "period_s": PERIOD_S, "budget_mib": args.budget_mib, "modes": list(args.modes), "prepare": args.prepare,
+        "slack": args.slack, "reference_sessions": args.reference_sessions,
+        "search": {"start": starts, "grow": args.grow, "max_sessions": args.max_sessions, "budget_s": args.budget_s},
+        "sessions": counts, "after_miss": args.after_miss}, "workloads": {}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -308,13 +239,14 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
         record["determinism"] = det
         for name in names:
             if args.progress:
-                print(f"{name}: modes {','.join(args.modes)} ar={args.ar} sessions={sessions} seconds={args.seconds:g} "
-                      f"prepare={args.prepare}", flush=True)
+                print(f"{name}: modes {','.join(args.modes)} ar={args.ar} traffic={args.traffic} seconds="
+                      f"{args.seconds:g} start={starts} budget_s={args.budget_s} prepare={args.prepare}", flush=True)
             record["workloads"][name] = measure_workload(
-                workloads.get(name), device=device, ar_spec=args.ar, sessions=sessions, seconds=args.seconds,
-                modes=args.modes, policy=policies, variants=args.variants, depth=args.depth, steps=args.steps,
-                budget_mib=args.budget_mib, after_miss=args.after_miss, bisect=args.bisect, progress=args.progress,
-                on_run=checkpoint, prepare=args.prepare)
+                workloads.get(name), device=device, ar_spec=args.ar, modes=args.modes, policy=policies,
+                traffic=traffic, counts=counts, start=starts, grow=args.grow, max_sessions=args.max_sessions,
+                budget_s=args.budget_s, depth=args.depth, steps=args.steps, budget_mib=args.budget_mib,
+                after_miss=args.after_miss, progress=args.progress, on_run=checkpoint, prepare=args.prepare,
+                slack=args.slack, reference_sessions=args.reference_sessions)
     reasons = [r for w in record["workloads"].values() for r in w["invalid_reasons"]]
     if prov.get("git_dirty"):
         reasons.append(DIRTY_TREE)
@@ -322,108 +254,16 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
         reasons.append(f"{args.seconds:g} s < {MIN_SECONDS:g} s: {SHORT_RUN}")
     record["verdict"] = "INVALID" if reasons else "VALID"
     record["invalid_reasons"] = reasons
-    write_duplex(out / "duplex.json", record)
+    write_duplex(out / "duplex.json", jsonable(record))
     if args.progress:
         for name, w in record["workloads"].items():
             for mode, m in w["modes"].items():
-                print(f"{name} {mode}: max sessions with zero misses = {m['max_zero_miss_sessions']}")
+                b = m["search"]["bracket"]
+                print(f"{name} {mode}: max sessions with zero misses = {m['max_zero_miss_sessions']} "
+                      f"(bracket {b['lo']}..{b['hi']}, {'exact' if b['exact'] else 'not exact'})")
         print(f"verdict {record['verdict']}" + (f": {reasons}" if reasons else ""))
         print(f"wrote {out / 'duplex.json'}")
     return record
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line on stderr and exit status 2 (no usage block)."""
-
-    def error(self, message: str):
-        raise usage_error(message, self.prog)
-
-
-def usage_error(message: str, prog: str = "python -m suite.measure.duplex") -> SystemExit:
-    """A bad flag: one line on stderr, exit status 2, no traceback. str() is the message."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    exc = SystemExit(message)
-    exc.code = 2
-    return exc
-
-
-def number(kind, low, *, strict: bool):
-    """An argparse type: a finite `kind` above (strict) or at least `low`, else one line naming the bound."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not math.isfinite(value) or value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(f"expected a finite {kind.__name__} {'>' if strict else '>='} {low}, "
-                                             f"got {text!r}")
-        return value
-    return parse
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m suite.measure.duplex", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", default="minicpmo45", help="workload name(s), comma-separated, or 'all'")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--ar", default="none", help="none | busy:<ms>ms | standin | standin:<name>")
-    p.add_argument("--sessions", default="1,2,4", help="session counts to run, e.g. 1,2,4,8,16,24")
-    p.add_argument("--stock-sessions", default=None, help="session counts for stock (default: --sessions)")
-    p.add_argument("--seconds", type=number(float, 0, strict=True), default=60.0,
-                   help="seconds of cadence per run (script tiled)")
-    p.add_argument("--modes", default="stock,cadence", type=lambda s: [m.strip() for m in s.split(",")])
-    p.add_argument("--policy", default="edf", choices=scheduler.POLICIES)
-    p.add_argument("--stock-policy", default=None, choices=scheduler.POLICIES,
-                   help="policy for stock sessions (default: --policy)")
-    p.add_argument("--prepare", default="voice", choices=PREPARES,
-                   help="cadence graphs before the cadence: voice (prepare(None), the real figure) or oracle "
-                        "(also the session's own script: foreknowledge, labelled)")
-    p.add_argument("--variants", type=number(int, 1, strict=False), default=1,
-                   help="distinct payload variants across sessions")
-    p.add_argument("--depth", default="released", choices=("released", "reduced"))
-    p.add_argument("--steps", type=number(int, 1, strict=False), default=None, help="override the workload's Euler steps")
-    p.add_argument("--budget-mib", type=number(float, 0, strict=False), default=None,
-                   help="memory budget for admission (default: 90%% of free device memory on CUDA, none on CPU)")
-    p.add_argument("--after-miss", type=number(int, 0, strict=False), default=1,
-                   help="after a mode's first run with a miss, run at most this many larger session counts")
-    p.add_argument("--bisect", action="store_true",
-                   help="after the list, bisect to the exact largest session count with zero misses")
-    p.add_argument("--out", required=True)
-    p.add_argument("--quiet", dest="progress", action="store_false")
-    return p
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Every flag's value, before any model is built. Raises SystemExit (status 2) naming the flag."""
-    for m in args.modes:
-        if m not in MODES:
-            raise usage_error(f"--modes: expected a subset of {MODES}, got {m!r}")
-    if len(set(args.modes)) != len(args.modes):
-        raise usage_error(f"--modes: expected each mode once, got {','.join(args.modes)!r}")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise usage_error(f"--out: expected a folder (new or existing), got the file {args.out!r}")
-    names = workloads.names() if args.workload == "all" else [w.strip() for w in args.workload.split(",")]
-    for name in names:
-        if name not in workloads.names():
-            raise usage_error(f"--workload: expected 'all' or some of {workloads.names()}, got {name!r}")
-        if not any(u.kind == "SPEAK" for u in session_units(workloads.get(name), args.seconds)):
-            raise usage_error(f"--seconds: the first {args.seconds:g} s of {name}'s script hold no SPEAK unit "
-                              f"(nothing to measure); give more seconds")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise usage_error(f"--device: {args.device!r} given, but there is no CUDA device here "
-                          "(torch.cuda.is_available() is False)")
-    try:
-        parse_sessions(args.sessions)
-        if args.stock_sessions:
-            parse_sessions(args.stock_sessions, "--stock-sessions")
-        parse_ar(args.ar)
-    except (ValueError, ARSpecError) as exc:
-        raise usage_error(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,17 @@
-"""One duplex session as suite.measure.duplex runs it: `session_units` (the script tiled to a run, ids of
-variant v shifted), `Driver` (one session and the AR stage: `run_unit`, `prepare`, `warm_up`),
-`oracle_signatures` (what a session's own script will meet, from a copy of its clocks: foreknowledge),
-`footprint` (the bytes admission counts), and a run's `metrics`, `Progress` lines and byte checks.
+"""One duplex session as suite.measure.duplex runs it: its units (`traffic_units`: its own real script from
+workloads.traffic; `session_units`: the committed script tiled to a run, ids of variant v shifted, kept for
+comparison with older records), `Driver` (one session and the AR stage: `run_unit`, `prepare`, `warm_up`, the
+slack capture after each unit), `oracle_signatures` (what a session's own script will meet, from a copy of its
+clocks: foreknowledge), `footprint` (the bytes admission counts), and a run's `metrics`, `Progress` lines and
+byte checks.
 """
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,11 +20,10 @@ import torch
 
 from duplexcadence.errors import InputError
 from suite.measure.session import select_units
-from suite.records import max_zero_miss
 
 PERIOD_S = 1.0                 # the duplex cadence
 VARIANT_SHIFT = 97             # id shift per payload variant
-WARMUP_TURN_UNITS = 4          # SPEAK units of the warm-up turn (+ its final unit)
+WARMUP_TURN_UNITS = 4          # full SPEAK units of the warm-up turn (synthetic payloads)
 PREPARES = ("voice", "oracle")  # what a cadence session captures before the cadence
 PROGRESS_S = 10.0              # a progress line at most this often while a run is on the cadence
 
@@ -63,6 +66,31 @@ def session_units(workload, seconds: float, variant: int = 0) -> list[DuplexUnit
     return out
 
 
+def traffic_units(script, seconds: float | None = None) -> list[DuplexUnit]:
+    """A workloads.traffic session script (`Arrival.script`) as the harness's units, the first `seconds` of it
+    (None: all; a turn cut there stays unflushed). Raises ValueError for seconds <= 0."""
+    if seconds is not None and (not isinstance(seconds, (int, float)) or seconds <= 0):
+        raise ValueError(f"seconds: expected a positive number or None, got {seconds!r}")
+    out = []
+    for u in script.units:
+        if seconds is not None and u.t_start_s >= seconds:
+            break
+        payload = u.tokens if u.tokens is not None else u.codes
+        size = len(u.tokens) if u.tokens is not None else u.frames
+        out.append(DuplexUnit(u.index, u.kind, None if u.turn is None else (0, u.turn), bool(u.final), payload,
+                              size if payload is not None else 0))
+    return out
+
+
+def synthetic_payload(fmt, size: int, seed: int):
+    """A payload of `size` tokens / frames in payload format `fmt` (workloads.common.PayloadFormat), ids from
+    random.Random(seed): what a warm-up speaks, never a session's script."""
+    rng = random.Random(seed)
+    if fmt.key == "tokens":
+        return tuple(rng.randrange(fmt.vocab) for _ in range(size))
+    return tuple(tuple(rng.randrange(fmt.vocab) for _ in range(size)) for _ in range(fmt.codebooks))
+
+
 def has_work(unit: DuplexUnit) -> bool:
     return unit.kind == "SPEAK" or unit.payload is not None
 
@@ -91,7 +119,8 @@ def oracle_signatures(session, units: list[DuplexUnit]) -> list:
 class Driver:
     """One session and its AR stage: `run_unit(unit)` does one unit's work and returns its record fields.
     device: the session's device (CUDA: events on the current stream time the unit). tail_lock: held around
-    the tail (sessions of one model instance that are not `concurrent`, on the threads policy)."""
+    the tail and the slack's captures (sessions of one model instance that are not `concurrent`, on the threads
+    policy). slack: the session's suite.measure.slack.SlackCapture (None: no slack work, stock)."""
 
     def __init__(self, session, ar, device, name: str, tail_lock=None):
         self.session = session
@@ -99,10 +128,15 @@ class Driver:
         self.device = torch.device(device)
         self.name = name
         self.turn = None
+        self.opened = False                # the last unit opened a turn
         self.tail_lock = tail_lock or contextlib.nullcontext()
         self.prepared: dict = {}
+        self.slack = None
 
     def run_unit(self, unit: DuplexUnit) -> dict:
+        """One unit's work (the AR stage for a SPEAK unit, then the tail). A unit the session refuses
+        (InputError: e.g. Step-Audio 2's 1-token final flush, which the stock driver cannot stream) leaves the
+        session as it was and is recorded as rejected (its message), as a server answers a bad unit."""
         cuda = self.device.type == "cuda"
         if cuda:
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
@@ -111,27 +145,43 @@ class Driver:
         if unit.kind == "SPEAK":
             self.ar.run(seed=unit.index)
         t1 = time.perf_counter()
+        rejected = None
         with self.tail_lock:
-            out = self._tail(unit)
+            try:
+                out = self._tail(unit)
+            except InputError as exc:
+                out, rejected = None, f"{type(exc).__name__}: {exc}"[:300]
         t2 = time.perf_counter()
         if cuda:
             ev[1].record()
             ev[1].synchronize()
-        f32, i16 = out.sha256()
-        return {"ar_ms": (t1 - t0) * 1e3, "tail_ms": (t2 - t1) * 1e3,
-                "device_ms": float(ev[0].elapsed_time(ev[1])) if cuda else None,
-                "samples": out.samples, "sha256_f32": f32, "sha256_pcm16": i16}
+        f32, i16 = out.sha256() if out is not None else (None, None)
+        rec = {"ar_ms": (t1 - t0) * 1e3, "tail_ms": (t2 - t1) * 1e3,
+               "device_ms": float(ev[0].elapsed_time(ev[1])) if cuda else None,
+               "samples": out.samples if out is not None else 0, "sha256_f32": f32, "sha256_pcm16": i16}
+        if rejected:
+            rec["rejected"] = rejected
+        return rec
 
     def _tail(self, unit: DuplexUnit):
+        self.opened = False
         if unit.kind != "SPEAK":
             return self.session.speak(unit.payload, final=False)
         if unit.turn != self.turn:
             self.session.start_turn()
-            self.turn = unit.turn
-        out = self.session.speak(unit.payload, final=unit.final)
-        if unit.final:
-            self.turn = None
-        return out
+            self.turn, self.opened = unit.turn, True
+        try:
+            return self.session.speak(unit.payload, final=unit.final)
+        finally:
+            if unit.final:
+                self.turn = None
+
+    def after_unit(self, unit: DuplexUnit):
+        """The scheduler's `Slot.after_unit`: the slack's bookkeeping of the unit that just ran; returns the
+        slack job (None without slack)."""
+        if self.slack is None:
+            return None
+        return self.slack.note(unit, opened_turn=self.opened, turn_open=self.turn is not None)
 
     def prepare(self, units: list[DuplexUnit], how: str = "voice") -> dict:
         """Capture before the cadence: `prepare(None)` (what every turn of the voice needs); with "oracle" also
@@ -149,21 +199,19 @@ class Driver:
         self.prepared = out
         return out
 
-    def warm_up(self, units: list[DuplexUnit], body: int = WARMUP_TURN_UNITS) -> None:
+    def warm_up(self, fmt, body: int | None = None) -> None:
         """Before the cadence: the AR stage once; then, for a session whose start_turn restores the voice's
-        base state (turn_state "reset"), one warm-up turn over the script's first `body` SPEAK payloads and a
-        final unit (the next start_turn undoes it). Other sessions are not warmed: a unit would advance their
-        state (`warm_process` warms their process)."""
+        base state (turn_state "reset"), one warm-up turn of `body` (WARMUP_TURN_UNITS) full units of synthetic payload
+        (`synthetic_payload` in payload format `fmt`, max_payload each: shapes prepare(None) holds), left open
+        (the next start_turn undoes it). Nothing of the session's script is read. Other sessions are not warmed:
+        a unit would advance their state (`warm_process` warms their process)."""
         self.ar.run(seed=-1)
-        speak = [u for u in units if u.kind == "SPEAK"]
-        if self.session.capabilities.turn_state != "reset" or not speak:
+        caps, body = self.session.capabilities, WARMUP_TURN_UNITS if body is None else body
+        if caps.turn_state != "reset" or body < 1:
             return
-        finals = [u for u in speak if u.final]
-        body = [u for u in speak if not u.final][:body] or speak[:1]
         self.session.start_turn()
-        for u in body:
-            self.session.speak(u.payload, final=False)
-        self.session.speak((finals or body)[0].payload, final=True)
+        for k in range(body):
+            self.session.speak(synthetic_payload(fmt, caps.max_payload, seed=k), final=False)
         self.turn = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -172,12 +220,13 @@ class Driver:
 # --- footprints ----------------------------------------------------------------------------------------
 def storages(obj, depth: int = 6) -> dict[int, int]:
     """{data_ptr: bytes} of the distinct tensor storages reachable from obj (modules' parameters and
-    buffers, dicts, lists, tuples, object attributes; `depth` levels deep)."""
+    buffers, dicts, lists, tuples, object attributes; `depth` levels deep). Python modules (a package an
+    object keeps a reference to) are not walked: what a session holds is never reached through them."""
     found: dict[int, int] = {}
     visited: set[int] = set()
 
     def walk(o, level):
-        if level > depth or o is None or isinstance(o, (str, bytes, int, float, bool, type)):
+        if level > depth or o is None or isinstance(o, (str, bytes, int, float, bool, type, types.ModuleType)):
             return
         if isinstance(o, torch.Tensor):
             try:
@@ -227,21 +276,25 @@ def footprint(session, mode: str, model, own_instance: bool) -> tuple[int, str]:
 
 @dataclass
 class PoolEntry:
-    """A built, prepared, warmed-up session kept for the next run (turn_state "reset" only)."""
+    """A built, prepared, warmed-up session (kept for the next run where its turn_state is "reset"): its model
+    instance, driver, footprint bytes and how they were counted, and the seconds it took to build."""
     instance: object
     driver: Driver
     nbytes: int
     how: str
+    build_s: float = 0.0
 
 
 # --- runs -----------------------------------------------------------------------------------------------
 def metrics(units: list[dict], period_s: float = PERIOD_S) -> dict:
     """Per run: SPEAK time (ms and fraction of the period: mean, p50, p99, max), miss rate and misses over
-    the units that ran, lateness of the latest unit (ms)."""
+    the units that ran, units the sessions rejected (InputError), lateness of the latest unit (ms)."""
     ran = [u for u in units if u["start_ms"] is not None]
-    speak = np.array([u["speak_ms"] for u in ran if u["kind"] == "SPEAK"], dtype=np.float64)
+    speak = np.array([u["speak_ms"] for u in ran if u["kind"] == "SPEAK" and u.get("speak_ms") is not None],
+                     dtype=np.float64)
     misses = sum(u["miss"] for u in ran)
     out = {"units_run": len(ran), "speak_units": int(speak.size), "misses": int(misses),
+           "rejected_units": sum(bool(u.get("rejected")) for u in ran),
            "miss_rate": misses / len(ran) if ran else None,
            "speak_misses": int(sum(u["miss"] for u in ran if u["kind"] == "SPEAK")),
            "max_lateness_ms": max((u["lateness_ms"] for u in ran), default=None)}
@@ -282,18 +335,24 @@ def session_hashes(run: dict) -> dict[int, list]:
     return out
 
 
-def check_against_reference(run: dict, refs: dict[int, list], variants: int) -> list[str]:
-    """Mismatches of every session against the solo run of its variant (empty: all byte-identical)."""
-    bad = []
-    for s, rows in session_hashes(run).items():
-        ref = refs.get(s % variants)
+def check_bytes(run: dict, refs: dict, keys: list) -> dict:
+    """Every session of a run against its reference (`refs`: plan key -> the same plan run alone; keys[s]: session
+    s's plan key): {"checked": sessions compared, "unchecked": sessions without a reference, "mismatches":
+    one line per session whose bytes differ from the same session run alone}."""
+    bad, checked, unchecked = [], 0, []
+    rows_of = session_hashes(run)
+    for s, key in enumerate(keys):
+        ref = refs.get(key)
         if ref is None:
-            bad.append(f"session {s}: no solo reference for variant {s % variants}")
-        elif rows != ref:
+            unchecked.append(s)
+            continue
+        checked += 1
+        rows = rows_of.get(s, [])
+        if rows != ref:
             first = next((a[0] for a, b in zip(rows, ref) if a != b), min(len(rows), len(ref)))
             bad.append(f"{run['mode']} N={run['sessions']} session {s}: unit {first} differs from the same "
                        f"session run alone")
-    return bad
+    return {"checked": checked, "unchecked": unchecked, "mismatches": bad}
 
 
 def parse_sessions(text: str, flag: str = "--sessions") -> list[int]:
@@ -305,14 +364,3 @@ def parse_sessions(text: str, flag: str = "--sessions") -> list[int]:
     if not ns or ns[0] < 1:
         raise ValueError(f"{flag}: expected comma-separated ints >= 1 (e.g. 1,2,4), got {text!r}")
     return ns
-
-
-def next_bisect(runs: list[dict]) -> int | None:
-    """The next N to try between the largest N with zero misses and the smallest larger N that missed or was
-    refused; None when they are adjacent (or either is missing)."""
-    lo = max_zero_miss(runs)
-    bad = [r["sessions"] for r in runs if r.get("refused") or r["metrics"]["misses"]]
-    hi = min((b for b in bad if lo is None or b > lo), default=None)
-    if lo is None or hi is None or hi - lo <= 1:
-        return None
-    return (lo + hi) // 2

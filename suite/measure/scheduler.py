@@ -6,6 +6,15 @@ counts. Units without work are recorded, not run. Policies (never batched): "edf
 released unit with the earliest deadline first; "threads", a thread (and on CUDA a stream) per session.
 `admit` refuses a slot whose `footprint_bytes` do not fit what is left of `budget_bytes`. The clock is
 injectable, so tests drive misses exactly.
+
+Slack work (`Slot.after_unit`): right after a unit's end and lateness are recorded (never inside its timed
+window, start..end of `run_unit`), the scheduler calls `after_unit(unit)` on the thread that ran the unit; it
+returns a job (a callable) or None, and the job runs in the session's slack, recorded as a `SlackTiming`:
+"threads": at once on the session's own thread, before it sleeps to its next release ("thread"); "edf" with
+slack="idle": in the scheduler's idle time, when no released unit is waiting, oldest first ("idle"; a job
+still queued when the same session queues another is dropped, counted in `slack_dropped`: the later one
+supersedes it); "edf" with slack="after": at once after the unit, before any other unit ("after_unit"). A job
+after a session's last unit with work is not run (nothing follows it).
 """
 from __future__ import annotations
 
@@ -19,6 +28,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 POLICIES = ("edf", "threads")
+SLACKS = ("idle", "after")          # when edf runs slack jobs
 
 
 def _finite(x) -> bool:
@@ -69,6 +79,8 @@ class Slot:
     has_work(unit) -> bool: False for a unit that runs nothing (recorded with no run).
     footprint_bytes: device bytes this session adds (arena + graph pool, or a stock instance).
     stream: the CUDA stream this session's thread runs on under "threads" (None: the current stream).
+    after_unit(unit) -> job | None: called after each unit with work, outside its timed window (module
+    docstring); None: no slack work.
     """
     name: str
     units: Sequence[Any]
@@ -77,6 +89,27 @@ class Slot:
     footprint_bytes: int = 0
     phase_s: float = 0.0
     stream: Any = None
+    after_unit: Callable[[Any], Callable[[], Any] | None] | None = None
+
+
+@dataclass
+class SlackTiming:
+    """One slack job as it ran (scheduler clock, seconds from run start). where: "thread" | "idle" |
+    "after_unit" (module docstring); after: the position of the unit it follows in its session's list;
+    next_release_s: the release it had to end before (threads: the session's next unit; edf: the earliest
+    release of any unit not started yet; None: none left); overrun_s: how far it ran past that release."""
+    session: int
+    after: int
+    where: str
+    queued_s: float
+    start_s: float
+    end_s: float
+    next_release_s: float | None
+    output: Any = field(default=None, repr=False)
+
+    @property
+    def overrun_s(self) -> float:
+        return 0.0 if self.next_release_s is None else max(0.0, self.end_s - self.next_release_s)
 
 
 @dataclass
@@ -110,19 +143,25 @@ class CadenceScheduler:
     """
 
     def __init__(self, *, period_s: float = 1.0, policy: str = "edf", clock: Clock | None = None,
-                 budget_bytes: int | None = None):
+                 budget_bytes: int | None = None, slack: str = "idle"):
         if not _finite(period_s) or period_s <= 0:
             raise ScheduleError(f"period_s: expected a positive number of seconds, got {period_s!r}")
         if policy not in POLICIES:
             raise ScheduleError(f"policy: expected one of {POLICIES}, got {policy!r}")
+        if slack not in SLACKS:
+            raise ScheduleError(f"slack: expected one of {SLACKS}, got {slack!r}")
         if budget_bytes is not None and (not _count(budget_bytes) or budget_bytes < 0):
             raise ScheduleError(f"budget_bytes: expected an int >= 0 or None, got {budget_bytes!r}")
         self.period_s = float(period_s)
         self.policy = policy
         self.clock = clock
         self.budget_bytes = budget_bytes
+        self.slack = slack
         self.slots: list[Slot] = []
         self.on_unit: Callable[[UnitTiming], None] | None = None   # called after each unit with work ends
+        self.slack_timings: list[SlackTiming] = []
+        self.slack_dropped = 0
+        self._slack_lock = threading.Lock()
 
     @property
     def admitted_bytes(self) -> int:
@@ -148,6 +187,8 @@ class CadenceScheduler:
         fit in the budget left, ScheduleError for a negative phase or footprint."""
         if not _finite(slot.phase_s) or slot.phase_s < 0:
             raise ScheduleError(f"slot {slot.name!r}: phase_s: expected >= 0 seconds, got {slot.phase_s!r}")
+        if slot.after_unit is not None and not callable(slot.after_unit):
+            raise ScheduleError(f"slot {slot.name!r}: after_unit: expected a callable or None, got {slot.after_unit!r}")
         for attr in ("run_unit", "has_work"):
             if not callable(getattr(slot, attr)):
                 raise ScheduleError(f"slot {slot.name!r}: {attr}: expected a callable, got {getattr(slot, attr)!r}")
@@ -177,17 +218,21 @@ class CadenceScheduler:
         by_session: list[list[UnitTiming]] = [[] for _ in self.slots]
         for rec in records:
             by_session[rec.session].append(rec)
+        self._last_work = [max((i for i, u in enumerate(slot.units) if slot.has_work(u)), default=-1)
+                           for slot in self.slots]
+        self.slack_timings, self.slack_dropped = [], 0
         if self.policy == "edf":
             self._run_edf(by_session)
         else:
             self._run_threads(by_session)
         return records
 
-    # --- one unit ----------------------------------------------------------------------------------
-    def _run_one(self, slot: Slot, rec: UnitTiming) -> None:
+    # --- one unit and its slack ----------------------------------------------------------------------
+    def _run_one(self, slot: Slot, rec: UnitTiming):
+        """Run one unit (timed: start_s..end_s), then its `after_unit` bookkeeping; returns its slack job or None."""
         unit = slot.units[rec.position]
         if not slot.has_work(unit):
-            return
+            return None
         rec.start_s = self.clock.now()
         rec.output = slot.run_unit(unit)
         rec.end_s = self.clock.now()
@@ -195,22 +240,52 @@ class CadenceScheduler:
         rec.miss = rec.lateness_s > 0
         if self.on_unit is not None:
             self.on_unit(rec)
+        if slot.after_unit is None:
+            return None
+        job = slot.after_unit(unit)
+        return job if job is not None and rec.position < self._last_work[rec.session] else None
+
+    def _run_job(self, s: int, after: int, job, where: str, queued_s: float, next_release_s) -> None:
+        start = self.clock.now()
+        out = job()
+        timing = SlackTiming(s, after, where, queued_s, start, self.clock.now(), next_release_s, out)
+        with self._slack_lock:
+            self.slack_timings.append(timing)
 
     # --- earliest deadline first, one thread ---------------------------------------------------------
     def _run_edf(self, by_session: list[list[UnitTiming]]) -> None:
         nxt = [0] * len(by_session)
+        jobs: dict[int, tuple] = {}                  # session -> (queued_s, after, job), oldest first
         while True:
             pending = [(q[nxt[s]].deadline_s, s) for s, q in enumerate(by_session) if nxt[s] < len(q)]
             if not pending:
+                self.slack_dropped += len(jobs)      # stale: their sessions' units all ran meanwhile
                 return
             now = self.clock.now()
             ready = [(d, s) for d, s in pending if by_session[s][nxt[s]].release_s <= now]
-            if not ready:
-                self.clock.sleep_until(min(by_session[s][nxt[s]].release_s for _, s in pending))
+            next_release = min(by_session[s][nxt[s]].release_s for _, s in pending)
+            if ready:
+                _, s = min(ready)
+                rec = by_session[s][nxt[s]]
+                job = self._run_one(self.slots[s], rec)
+                nxt[s] += 1
+                if job is None:
+                    continue
+                if self.slack == "after":
+                    later = [by_session[k][nxt[k]].release_s for k in range(len(by_session)) if nxt[k] < len(by_session[k])]
+                    self._run_job(s, rec.position, job, "after_unit", self.clock.now(), min(later, default=None))
+                else:
+                    if s in jobs:
+                        self.slack_dropped += 1
+                        del jobs[s]
+                    jobs[s] = (self.clock.now(), rec.position, job)
                 continue
-            _, s = min(ready)
-            self._run_one(self.slots[s], by_session[s][nxt[s]])
-            nxt[s] += 1
+            if jobs:
+                s = next(iter(jobs))
+                queued, after, job = jobs.pop(s)
+                self._run_job(s, after, job, "idle", queued, next_release)
+                continue
+            self.clock.sleep_until(next_release)
 
     # --- one thread (and stream) per session -------------------------------------------------------------
     def _run_threads(self, by_session: list[list[UnitTiming]]) -> None:
@@ -218,15 +293,19 @@ class CadenceScheduler:
         stop = threading.Event()
 
         def worker(s: int) -> None:
-            slot = self.slots[s]
+            slot, recs = self.slots[s], by_session[s]
             try:
                 ctx = _stream_context(slot.stream)
                 with ctx:
-                    for rec in by_session[s]:
+                    for i, rec in enumerate(recs):
                         if stop.is_set():
                             return
                         self.clock.sleep_until(rec.release_s)
-                        self._run_one(slot, rec)
+                        job = self._run_one(slot, rec)
+                        if job is not None:
+                            nxt = next((r.release_s for r in recs[i + 1:] if slot.has_work(slot.units[r.position])),
+                                       None)
+                            self._run_job(s, rec.position, job, "thread", self.clock.now(), nxt)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
                 stop.set()

@@ -3,9 +3,10 @@
 A stage is one harness on one workload (`<workload>.<harness>`), a process of its own with a time budget:
 `verify` (`python -m suite.measure.stage verify`: stock then cadence on one model instance, timing rounds,
 every unit compared), `memory_stock` / `memory_cadence` (`suite.measure.stage mode`: one mode in a fresh
-process), `duplex_stock` / `duplex_cadence` (`python -m suite.measure.duplex` with DUPLEX_SESSIONS' counts,
-60 s each), `duplex_oracle` (cadence with `--prepare oracle`; no default plan has it). A stage that cannot
-run here is skipped with its reason, checked again every sitting.
+process), `duplex_stock` / `duplex_cadence` (`python -m suite.measure.duplex`: the search for the largest
+session count with zero misses from DUPLEX_SESSIONS' start counts, 60 s of every session's own script per
+count, within the stage's budget less DUPLEX_MARGIN_S), `duplex_oracle` (cadence with `--prepare oracle`; no
+default plan has it). A stage that cannot run here is skipped with its reason, checked again every sitting.
 """
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ BUDGET_S = {
 VERIFY_ROUNDS = {"cuda": 3, "cpu": 1}
 ESTIMATE_MARGIN = 1.5          # a stage is expected to take up to 1.5x its family's slowest done stage
 DUPLEX_SECONDS = 60            # per session count: zero misses are claimed over 60 s
-#: suite.measure.duplex arguments per mode ("stock", "cadence") and workload, with where they came from.
+#: Seconds of a duplex stage's budget kept outside its search: building the model, the process warm-up, the
+#: last count's references and record. The search gets the rest (`--budget-s`) and stops with its bracket.
+DUPLEX_MARGIN_S = 90
+#: suite.measure.duplex arguments per mode ("stock", "cadence") and workload: the search's start (starting
+#: points, not measurements; the file says where each came from).
 DUPLEX_SESSIONS = json.loads((Path(__file__).with_name("duplex_sessions.json")).read_text())
 
 
@@ -124,9 +129,10 @@ def stage_argv(stage: Stage, out_dir: str, options: dict) -> list[str]:
     steps, seconds, max_speak_units, depth, seed, notes)."""
     if family(stage.harness) == "duplex":
         per = DUPLEX_SESSIONS[stage.mode]
+        search_s = max(stage.budget_s - DUPLEX_MARGIN_S, stage.budget_s / 2)
         argv = ["suite.measure.duplex", "--workload", stage.workload, "--device", options["device"], "--modes",
                 stage.mode, "--out", str(out_dir), "--ar", "none", "--seconds", str(DUPLEX_SECONDS),
-                "--after-miss", "0", *per.get(stage.workload, per["default"])["args"]]
+                "--budget-s", f"{search_s:g}", *per.get(stage.workload, per["default"])["args"]]
         if stage.harness == "duplex_oracle":
             argv += ["--prepare", "oracle"]
         if options.get("depth") and options["depth"] != "released":

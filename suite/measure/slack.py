@@ -1,0 +1,120 @@
+"""The capture policy a server can run: graphs from the clocks, captured in a session's slack, never inside a
+timed unit, never from the session's future.
+
+At open the harness calls `session.prepare(None)` (voice registration: what the clocks say every turn of the
+voice needs). Then, per unit of the cadence (`SlackCapture`):
+
+* `note(unit, ...)`, right after the unit's work and its lateness are recorded (outside its timed window): the
+  session's counters since the last slack job give what ran inside the unit (captures: must stay 0; eager
+  first occurrences, `eager_fallbacks`); the signatures the unit met come from the clocks copied before it,
+  advanced by the unit's payload size and final flag (`ClockState.unit`: what `speak` computed from the same
+  payload); those not asked for yet are kept for the job. Host arithmetic only.
+* the job (`job()`), in the session's slack (suite.measure.scheduler: on the session's own thread under
+  "threads", in the scheduler's idle time or right after the unit under "edf"): the signatures noted since
+  the last job plus the likely next ones, `unit(max_payload, final=False)` of a copy of the clocks now (a
+  turn opened first where the last one ended), captured with `session.prepare(those)`, under `lock` (the
+  model's tail lock for sessions that are not concurrent). prepare skips what it holds already.
+
+Nothing here reads a unit before it has run: the next unit's prediction uses only the clocks and the declared
+`Capabilities.max_payload`. The per-session figures (`summary`): captures during the cadence, captures inside
+timed units, eager first occurrences, warm-up runs inside units, the slack jobs and their time.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from duplexcadence.errors import InputError
+from duplexcadence.session import SessionStats
+
+COUNTERS = ("captures", "eager_fallbacks", "warmup_runs", "capture_failures")
+
+
+class SlackCapture:
+    """The capture policy of one cadence session (module docstring). lock: a context manager held around every
+    `prepare` of the slack (None: none). `start()` after the session's prepare(None) and warm-up, before its
+    first unit; then `note(...)` after every unit with work, and the returned `job` in its slack."""
+
+    def __init__(self, session, lock=None):
+        self.session = session
+        self.lock = lock if lock is not None else contextlib.nullcontext()
+        self.known: set = set()             # signatures passed to prepare in the slack (captured, or refused)
+        self.pending: dict = {}             # met since the last job, not asked for yet (ordered)
+        self.clocks = None                  # the session's clocks before its next unit
+        self.last: SessionStats | None = None
+        self.turn_open = False
+        self.totals = {"in_units": dict.fromkeys(COUNTERS, 0), "in_slack": dict.fromkeys(COUNTERS, 0),
+                       "jobs": 0, "signatures_asked": 0, "slack_ms": 0.0, "slack_ms_max": 0.0}
+        self.units: list[dict] = []         # per unit with work: index and what ran inside it
+
+    def start(self, turn_open: bool = False) -> None:
+        """Before the cadence: the counters and clocks the first unit is compared with."""
+        self.last, self.clocks, self.turn_open = self.session.stats(), self.session.clocks(), turn_open
+
+    def note(self, unit, *, opened_turn: bool, turn_open: bool):
+        """After `unit` (a suite.measure.duplex_session.DuplexUnit with work) ran: what ran inside it, the
+        signatures it met that the slack has not asked for yet. Returns the slack job (`job`)."""
+        now = self.session.stats()
+        inside = {k: getattr(now, k) - getattr(self.last, k) for k in COUNTERS}
+        for k, v in inside.items():
+            self.totals["in_units"][k] += v
+        met, clocks = [], self.clocks
+        try:
+            if opened_turn:
+                clocks.start_turn()
+            met = clocks.unit(unit.size, unit.kind == "SPEAK" and unit.final)
+        except InputError:          # speak accepted the unit, so its clocks do too; nothing to capture if not
+            met = []
+        new = [s for s in met if s not in self.known]
+        self.pending.update(dict.fromkeys(new))
+        self.units.append({"index": unit.index, **inside, "met": len(met), "new_signatures": len(new)})
+        self.clocks, self.last, self.turn_open = self.session.clocks(), now, turn_open
+        return self.job
+
+    def next_signatures(self) -> list:
+        """The likely next unit's signatures from a copy of the clocks now: a full unit (max_payload), not final,
+        in a new turn where none is open (a session that streams never opens one). [] where the clocks refuse it
+        (a bound: nothing further can run at that size)."""
+        clocks = self.session.clocks()
+        try:
+            if not self.turn_open and self.session.capabilities.turn_state != "stream":
+                clocks.start_turn()
+            return clocks.unit(self.session.capabilities.max_payload, False)
+        except InputError:
+            return []
+
+    def job(self) -> dict:
+        """The slack work: capture what the last units met without a graph and the likely next unit's
+        signatures. Returns {"signatures", "captures", "capture_failures", "warmup_runs", "ms"}."""
+        t0 = time.perf_counter()
+        want = [s for s in dict.fromkeys([*self.pending, *self.next_signatures()]) if s not in self.known]
+        self.pending.clear()
+        before = self.session.stats()
+        if want:
+            with self.lock:
+                self.session.prepare(want)
+            self.known.update(want)
+        after = self.session.stats()
+        delta = {k: getattr(after, k) - getattr(before, k) for k in COUNTERS}
+        for k, v in delta.items():
+            self.totals["in_slack"][k] += v
+        ms = (time.perf_counter() - t0) * 1e3
+        self.totals["jobs"] += 1
+        self.totals["signatures_asked"] += len(want)
+        self.totals["slack_ms"] += ms
+        self.totals["slack_ms_max"] = max(self.totals["slack_ms_max"], ms)
+        self.last = after
+        return {"signatures": len(want), "captures": delta["captures"], "capture_failures": delta["capture_failures"],
+                "warmup_runs": delta["warmup_runs"], "ms": ms}
+
+    def summary(self) -> dict:
+        """Per session over the cadence: captures during the cadence (in the slack) and inside timed units (must
+        be 0), eager first occurrences (eager_fallbacks inside units), warm-up runs inside units, slack jobs,
+        signatures asked for, slack time."""
+        u, s = self.totals["in_units"], self.totals["in_slack"]
+        return {"captures_during_cadence": s["captures"], "captures_inside_timed_units": u["captures"],
+                "eager_fallbacks": u["eager_fallbacks"], "warmup_runs_inside_units": u["warmup_runs"],
+                "capture_failures": s["capture_failures"] + u["capture_failures"],
+                "slack_warmup_runs": s["warmup_runs"], "slack_jobs": self.totals["jobs"],
+                "signatures_asked": self.totals["signatures_asked"], "slack_ms_total": self.totals["slack_ms"],
+                "slack_ms_max": self.totals["slack_ms_max"]}
