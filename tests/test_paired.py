@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from suite import paired
+from suite.measure import paired
 from workloads.common import Unit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -300,6 +300,6 @@ def test_reproduces_fails_a_flagged_run():
         paired.reproduces(first["w"], short)
 
 
-def test_importing_suite_paired_loads_no_torch():
-    code = "import sys, suite.paired; sys.exit(1 if 'torch' in sys.modules else 0)"
+def test_importing_suite_measure_paired_loads_no_torch():
+    code = "import sys, suite.measure.paired; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -23,8 +23,10 @@ import soundfile as sf
 
 import workloads
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_SCHEMA = "duplexcadence.run/1"
+#: A paired verify record (suite.measure.verify): run/1's fields plus `paired` (suite.records.paired).
+VERIFY_SCHEMA = "duplexcadence.verify/1"
 DUPLEX_SCHEMA = "duplexcadence.duplex/2"
 DUPLEX_READ_SCHEMAS = ("duplexcadence.duplex/1", DUPLEX_SCHEMA)
 STAGES_SCHEMA = "duplexcadence.stages/1"
