@@ -436,14 +436,38 @@ def test_duplex_counts_fit_the_stage_budget():
             assert 20 + 60 * len(counts) + build <= 0.9 * budget, (mode, name, counts)
 
 
-def test_verify_stage_passes_the_device_s_timing_rounds():
+def test_verify_stage_passes_the_device_s_protocol():
     st = Stage("minicpmo45", "verify", 100.0)
-    for device in ("cuda", "cpu"):
-        argv = plans.stage_argv(st, "x", {**OPTIONS, "device": device})
-        assert argv[:2] == ["suite.measure.stage", "verify"]
-        assert argv[argv.index("--rounds") + 1] == str(plans.VERIFY_ROUNDS[device])
-    assert "--rounds" not in plans.stage_argv(Stage("minicpmo45", "memory_stock", 100.0), "x", OPTIONS)
-    assert plans.VERIFY_ROUNDS["cuda"] >= 2                       # the report's band needs two rounds
+    cuda = plans.stage_argv(st, "x", {**OPTIONS, "device": "cuda"})
+    assert cuda[:2] == ["suite.measure.stage", "verify"]
+    flags = {k: cuda[cuda.index(k) + 1] for k in ("--processes", "--passes", "--warmup-pairs", "--aa-units",
+                                                   "--prime-units")}
+    assert flags == {"--processes": "3", "--passes": "1", "--warmup-pairs": "4", "--aa-units": "10",
+                     "--prime-units": "2"}
+    cpu = plans.stage_argv(st, "x", {**OPTIONS, "device": "cpu"})
+    assert [cpu[cpu.index(k) + 1] for k in ("--processes", "--aa-units", "--prime-units")] == ["1", "0", "0"]
+    more = plans.stage_argv(st, "x", {**OPTIONS, "device": "cuda", "processes": 5, "passes": 2})
+    assert [more[more.index(k) + 1] for k in ("--processes", "--passes")] == ["5", "2"]
+    assert "--processes" not in plans.stage_argv(Stage("minicpmo45", "memory_stock", 100.0), "x", OPTIONS)
+
+
+def test_a_verify_stage_is_expected_to_take_what_its_protocol_costs():
+    """The H200 estimate: the set-ups at once, then each process's A/A and A/B runs; more processes or passes
+    cost more, a CPU run and a workload without costs have none; the sum of the five fits 400 s +- 5%."""
+    wl = workloads.get("minicpmo45")
+    base = plans.verify_estimate_s(wl, "cuda", {})
+    five = plans.verify_estimate_s(wl, "cuda", {"processes": 5})
+    two = plans.verify_estimate_s(wl, "cuda", {"passes": 2})
+    cost = plans.VERIFY_COST_S["minicpmo45"]
+    per_pass = 39 * (cost["stock"] + cost["cadence"])              # the script's 39 SPEAK units, no LISTEN payload
+    assert two - base == pytest.approx(3 * per_pass)
+    assert five - base == pytest.approx(2 * (2 * cost["stock"] * 10 + per_pass))
+    assert plans.verify_estimate_s(wl, "cpu", {}) is None
+    total = sum(plans.verify_estimate_s(workloads.get(n), "cuda", {}) for n in plans.VERIFY_COST_S)
+    assert 300 < total < 420, total
+    st = plans.plan(["minicpmo45"], ["verify", "memory_stock"], "cuda")
+    assert st[0].expected_s == pytest.approx(base) and st[1].expected_s is None
+    assert plans.estimate_s(st[0], {}) == pytest.approx(plans.VERIFY_MARGIN * base)
 
 
 # --- overlap: from the recorded times, per node ------------------------------------------------------------------
