@@ -76,13 +76,9 @@ def parse_args(argv: list[str] | None):
     return args
 
 
-def entry_module() -> str:
-    """The module this process runs as (`python -m NAME`): the verify starts its processes with the same."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec.name if spec is not None and spec.name else "suite.measure.stage"
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, entry: str = "suite.measure.stage") -> int:
+    """The CLI. entry: the module the verify's processes run as (`python -m entry verify-process`): this
+    one, or a test's stage entry that registers its fakes first."""
     try:
         args = parse_args(argv)
     except SystemExit as exc:                   # argparse: 2 for bad input, 0 for --help
@@ -102,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             return child(workload, args, command)
         if args.harness == "verify":
             from suite.measure.verify import verify
-            result = verify(workload, args.device, protocol=args.protocol, entry=entry_module(),
+            result = verify(workload, args.device, protocol=args.protocol, entry=entry,
                             progress=not args.quiet, **kwargs)
         else:
             from suite.measure.session import run_workload

@@ -270,6 +270,7 @@ def assemble(results: list[dict], protocol: Protocol, launch: str, command: list
     if launch == "inline" and len(ab) > 1:
         notes.append(f"{len(ab)} processes run inline in one process (not fresh processes)")
     comparison = {"protocol": "paired", "units_compared": sum(len(p) for p in ab),
+                  "script_units_compared": len({q.index for proc in ab for q in proc}),
                   "mismatched_units": sorted({q.index for _, q in differ}),
                   "mismatches": [{"process": i, "walk": q.walk, "index": q.index} for i, q in differ],
                   "aa_units_compared": sum(len(p) for p in aa), "aa_mismatched_units": sorted({q.index for _, q in aa_differ}),
