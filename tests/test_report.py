@@ -272,3 +272,21 @@ def test_publish_writes_the_fixed_paths_from_one_staged_run(fake_workloads, clea
     assert report.main([str(run_dir / "fake.verify"), "--publish", "--results", str(results)]) == 2
     assert report.main([str(run_dir), "--publish", "--results", str(tmp_path / "elsewhere")]) == 1
     assert "is not inside" in capsys.readouterr().err
+
+
+def test_the_readme_results_table_says_what_the_published_claims_say():
+    """README.md's matrix (a row per claim, a column per workload, the verdict in bold) against
+    results/CLAIMS.json: every cell's verdict is the published row's, and every published row has its cell."""
+    readme = (ROOT / "README.md").read_text().split("## Results")[1].split("\n## ")[0]
+    lines = [line for line in readme.splitlines() if line.startswith("| ")]
+    names = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+    cells = {}
+    for line in lines[1:]:
+        row = [c.strip() for c in line.strip().strip("|").split("|")]
+        for name, cell in zip(names, row[1:]):
+            if cell:
+                cells[(row[0].split(" (")[0].split(",")[0], name)] = cell.split("**")[1]
+    published = json.loads((ROOT / "results" / "CLAIMS.json").read_text())
+    want = {(r["claim"], r["workload"]): r["verdict"] for r in published["claims"]}
+    assert cells == want
+    assert published["run"] in readme

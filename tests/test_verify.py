@@ -145,7 +145,7 @@ def test_the_second_aa_session_runs_on_a_copy_where_the_adapter_refuses_it(fake_
 
 def test_passes_walk_the_script_again_and_start_its_turns_again(fake_adapter, clean_tree):
     wl = workload(turns=2, speak_per_turn=20, session="carried")
-    rec = run(wl, processes=3, passes=2, warmup_pairs=40)
+    rec = run(wl, processes=3, passes=2)                     # two passes: the first is the warm-up
     mine = [r for r in rows(rec) if r["process"] == 1]
     assert [r["walk"] for r in mine] == [0] * 40 + [1] * 40
     assert [r["measured"] for r in mine] == [False] * 40 + [True] * 40       # a warm-up pass, then measured

@@ -221,7 +221,8 @@ def assemble(results: list[dict], protocol: Protocol, launch: str, command: list
     aa = [[Pair.from_dict(d) for d in r["aa"]] for r in results if r.get("aa")]
     speed = summarise(ab)
     floor = noise_floor(aa) if aa else None
-    params = {**first["parameters"], "warmup_speak_units": protocol.warmup_pairs, **protocol.to_dict(),
+    params = {**first["parameters"], "warmup_speak_units": protocol.warmup_for(first["parameters"]["speak_units_run"]),
+              **protocol.to_dict(),
               "launch": launch}
     prov = {**first["provenance"], "command": list(command if command is not None else sys.argv)}
     reasons, codes, notes = [], [], []

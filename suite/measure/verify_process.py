@@ -119,7 +119,8 @@ class Process:
         cadence = self.sessions["cadence"]
         outputs = {} if self.index == 1 else None
         prof = (lambda fn, *a, **k: profile_call(fn, *a, device=s.device, **k)) if self.profile else None
-        ab = run_pairs(stock, cadence, s.units, timer=timer, probe=probe, block=p.block, warmup=p.warmup_pairs,
+        warmup = p.warmup_for(sum(u.kind == "SPEAK" for u in s.units))
+        ab = run_pairs(stock, cadence, s.units, timer=timer, probe=probe, block=p.block, warmup=warmup,
                        passes=p.passes, profile=prof, profiled=p.profiled_speak_units if self.profile else 0,
                        outputs=outputs, progress=self._printer("A/B"))
         self._sync()

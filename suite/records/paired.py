@@ -97,7 +97,8 @@ class Pair:
 class Protocol:
     """How a paired verify ran (its record's `paired.protocol`; suite.measure.verify_process says what each
     part does). processes: fresh processes, each building the model once; passes: walks of the script in
-    the A/B run; warmup_pairs: its first SPEAK pairs, run and hashed but not measured; aa_speak_units: the
+    the A/B run; warmup_pairs: with one pass, its first SPEAK pairs, run and hashed but not measured (with
+    two or more passes the whole first pass is the warm-up: `warmup_for`); aa_speak_units: the
     SPEAK units of the A/A run (0: none), aa_warmup_pairs its first unmeasured ones; prime_speak_units: SPEAK
     units a throwaway stock session speaks at set-up (untimed); profiled_speak_units: the A/B walk's last
     SPEAK units under the CUDA profiler in the last process (not measured); block: SPEAK units per block.
@@ -120,6 +121,10 @@ class Protocol:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def warmup_for(self, speak_units: int) -> int:
+        """The A/B run's unmeasured SPEAK pairs for a script of `speak_units` SPEAK units."""
+        return self.warmup_pairs if self.passes == 1 else speak_units
 
 
 #: The columns of a pairs table holding a (float32, int16) sha256 pair, stored as positions in its `hashes`.
