@@ -5,7 +5,8 @@
 #                   RAY=1 installs the ray extra: make reproduce RAY=1 ARGS="--ray local" (or --ray auto / ADDRESS)
 # `make report`     rebuilds REPORT.md of the named results folders from their JSON: make report ARGS=results/<run>
 #                   (one folder or more; with none it exits 2 and rewrites nothing); a second run of a tree
-#                   against the first: make report ARGS="results/<run>-second --compare results/<run>"
+#                   against the first: make report ARGS="results/<run>-second --compare results/<run>";
+#                   the published reference: make report ARGS="results/<run> --publish" (results/REPORT.md, CLAIMS.json)
 # `make test`       the test suite (CPU; GPU-only tests skip with the reason); installs the ray extra for the Ray tests
 # `make test-gpu`   every CUDA test (tests marked gpu: those that skip without CUDA), on a CUDA machine; the log
 #                   in $(GPU_LOG) (default results/_scratch/test-gpu.log); fails if no CUDA device is visible

@@ -3,7 +3,7 @@
     python -m suite.reproduce [--workload W|all] [--stages PATTERNS] [--device auto|cpu|cuda] [--steps N]
         [--seconds S] [--max-speak-units N] [--depth released|reduced] [--seed N] [--out results/]
         [--run-dir DIR] [--resume] [--budget-s S] [--stage-budget-s S] [--ray auto|local|ADDRESS]
-        [--compare REF ...] [--list]
+        [--processes N] [--passes P] [--compare REF ...] [--list]
 
 Each stage (suite.stages.plan) runs in a process of its own with a time budget; state in
 `<run dir>/stages.json`, records in `<run dir>/<stage>/`, the merged report `<run dir>/REPORT.md` rewritten
@@ -92,6 +92,11 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--ray", default=None, metavar="auto|local|ADDRESS",
                     help="run the stages as Ray tasks: on the cluster at ADDRESS (auto: the one this machine is "
                          "part of), or on a Ray instance started here (local)")
+    ap.add_argument("--processes", type=positive(int), default=None,
+                    help="verify: fresh processes per workload (default 3 on CUDA, 1 on CPU: "
+                         "suite.stages.plan.VERIFY_PROTOCOL)")
+    ap.add_argument("--passes", type=positive(int), default=None,
+                    help="verify: walks of the script in the paired run (default 1)")
     ap.add_argument("--compare", action="append", default=None, metavar="REF",
                     help="a reference run folder to compare ratios with (repeatable)")
     ap.add_argument("--list", action="store_true", help="print the stages and their state, run nothing")
@@ -158,7 +163,9 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         device = resolve_device(args.device)
         kind = device_type(device)
         names = names_of(args.workload, device)
-        every = plans.plan(names, list(HARNESSES), kind, stage_budget_s=args.stage_budget_s)
+        protocol = {k: v for k, v in (("processes", args.processes), ("passes", args.passes)) if v is not None}
+        every = plans.plan(names, list(HARNESSES), kind, stage_budget_s=args.stage_budget_s,
+                           options={**protocol, "seconds": args.seconds, "max_speak_units": args.max_speak_units})
         patterns = [p.strip() for p in args.stages.split(",") if p.strip()] if args.stages else None
         chosen = plans.select(every, patterns) if patterns else [s for s in every if s.harness in DEFAULT_HARNESSES[kind]]
         if args.resume and not args.run_dir:
@@ -175,7 +182,7 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         notes = [f"CPU default: a short run of the first {max_units} SPEAK units over >= 2 turns (suite.reproduce); "
                  f"too few units for statistics, a check of the pipeline and of bit-exactness only"]
     options = {"device": device, "steps": args.steps, "seconds": args.seconds, "max_speak_units": max_units,
-               "depth": args.depth, "seed": args.seed, "notes": notes}
+               "depth": args.depth, "seed": args.seed, "notes": notes, **protocol}
     run_dir = run_dir_of(args, device)
     try:
         state = State.open(run_dir, options, resume=args.resume)
@@ -187,7 +194,8 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
     if args.list:
         for s in chosen:
             st = state.stages.get(s.name)
-            print(f"{s.name:32s} {(st.status if st else 'new'):8s} budget {s.budget_s:5.0f} s  "
+            expected = "" if s.expected_s is None else f", expected {s.expected_s:4.0f} s"
+            print(f"{s.name:32s} {(st.status if st else 'new'):8s} budget {s.budget_s:5.0f} s{expected}  "
                   f"{s.skip or (st.reason if st else '')}")
         for name, st in state.legacy().items():
             print(f"{name:32s} {st.status:8s} legacy: harness {st.harness!r} is not run by this version (kept as recorded)")

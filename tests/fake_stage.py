@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     if name.startswith("fail"):
         print(f"{name}: boom", flush=True)
         return 1
-    return stage.main(argv)
+    return stage.main(argv, entry="fake_stage")
 
 
 if __name__ == "__main__":

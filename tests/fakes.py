@@ -194,6 +194,10 @@ class FakeUnit:
     tokens: tuple | None = None
     codes: tuple | None = None
 
+    @property
+    def payload(self):
+        return self.tokens if self.tokens is not None else self.codes
+
 
 @dataclass
 class FakeScript:

@@ -9,6 +9,7 @@ with log-normal noise, and each process may carry its own factor on stock's time
 from __future__ import annotations
 
 import hashlib
+import types
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from suite import paired
+from suite.measure import paired
 from workloads.common import Unit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,7 @@ class FakeSession:
 def script(n_speak: int, *, turn_len: int = 5, listen_every: int = 0, listen_payload: bool = False) -> list[Unit]:
     """n_speak SPEAK units in turns of turn_len (last one final), a LISTEN unit before every listen_every-th
     SPEAK unit (with a payload if listen_payload). Payloads are distinct token tuples."""
-    units, t = [], 0
+    units = []
     for k in range(n_speak):
         if listen_every and k % listen_every == 0:
             units.append(Unit(len(units), float(len(units)), "LISTEN", None, False,
@@ -300,6 +301,93 @@ def test_reproduces_fails_a_flagged_run():
         paired.reproduces(first["w"], short)
 
 
-def test_importing_suite_paired_loads_no_torch():
-    code = "import sys, suite.paired; sys.exit(1 if 'torch' in sys.modules else 0)"
+def test_importing_suite_measure_paired_loads_no_torch():
+    code = "import sys, suite.measure.paired; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+# --- passes, the profiled tail, captures after a first occurrence ----------------------------------------
+def test_passes_number_the_walks_keep_alternating_and_restart_the_turns():
+    host = Host(16)
+    sa, sb = FakeSession("a", host, STOCK), FakeSession("b", host, CADENCE)
+    units = script(5, turn_len=5)                    # one turn, its last unit final
+    pairs = paired.run_pairs(sa, sb, units, timer=host.timer, passes=2, warmup=5)
+    assert [p.walk for p in pairs] == [0] * 5 + [1] * 5
+    assert [p.order for p in pairs] == ["ab", "ba"] * 5          # the blocks alternate across the pass boundary
+    assert [p.measured for p in pairs] == [False] * 5 + [True] * 5
+    assert sa.calls.count(("start_turn",)) == 2 and sb.calls.count(("start_turn",)) == 2
+    unflushed = script(4, turn_len=10)               # a turn cut before its final unit: the next pass starts it again
+    sa, sb = FakeSession("a", host, STOCK), FakeSession("b", host, CADENCE)
+    paired.run_pairs(sa, sb, unflushed[:3], timer=host.timer, passes=2)
+    assert sa.calls.count(("start_turn",)) == 2
+
+
+def test_the_profiled_tail_runs_under_the_profiler_and_is_not_measured():
+    host = Host(17)
+    sa, sb = FakeSession("a", host, STOCK), FakeSession("b", host, CADENCE)
+    seen = []
+
+    def profile(fn, *args, **kwargs):
+        seen.append(args[0])
+        return fn(*args, **kwargs), {"wall_ms": 500.0, "kernel_launches": 3}
+    pairs = paired.run_pairs(sa, sb, script(8), timer=host.timer, profile=profile, profiled=3, warmup=1)
+    assert [p.profiled for p in pairs] == [False] * 5 + [True] * 3
+    assert [p.measured for p in pairs] == [False] + [True] * 4 + [False] * 3
+    assert seen == [u.tokens for u in script(8)[-3:] for _ in (0, 1)]
+    assert all(p.a_kernels == {"wall_ms": 500.0, "kernel_launches": 3} and p.a_ms == 500.0 for p in pairs[-3:])
+    with pytest.raises(ValueError, match="no profile callable"):
+        paired.run_pairs(sa, sb, script(2), timer=host.timer, profiled=1)
+
+
+class GraphSession(FakeSession):
+    """A fake session with graphs: its first unit of each size runs a step eagerly (counted); prepare()
+    captures the signatures it is given. Logs when prepare runs (inside the timer or not)."""
+
+    class capabilities:
+        graphs = True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.graphs, self.eager, self.captures, self.prepared = set(), 0, 0, []
+
+    def signatures(self, size, final=False):
+        return [("step", size, bool(final))]
+
+    def speak(self, payload, *, final=False):
+        if ("step", len(payload), bool(final)) not in self.graphs:
+            self.eager += 1
+        return super().speak(payload, final=final)
+
+    def stats(self):
+        return types.SimpleNamespace(eager_fallbacks=self.eager, captures=self.captures)
+
+    def prepare(self, sigs=None):
+        self.prepared.append((list(sigs), self.host.timing))
+        new = [s for s in sigs if s not in self.graphs]
+        self.graphs.update(new)
+        self.captures += len(new)
+        return {"captures": len(new)}
+
+
+def test_a_first_occurrence_is_captured_right_after_its_timed_call():
+    host = Host(18)
+    host.timing = False
+    real_timer = host.timer
+
+    def timer(fn, *args, **kwargs):
+        host.timing = True
+        try:
+            return real_timer(fn, *args, **kwargs)
+        finally:
+            host.timing = False
+    host.timer = timer
+    sa, sb = FakeSession("a", host, STOCK), GraphSession("b", host, CADENCE)
+    units = [Unit(i, float(i), "SPEAK", 0, i == 5, tokens=tuple(range(3 if i < 5 else 1))) for i in range(6)]
+    pairs = paired.run_pairs(sa, sb, units, timer=host.timer)
+    assert [p.b_eager for p in pairs] == [1, 0, 0, 0, 0, 1]              # the 3-token unit, then the final one
+    assert [p.b_captured for p in pairs] == [1, 0, 0, 0, 0, 1]
+    assert sb.prepared == [([("step", 3, False)], False), ([("step", 1, True)], False)]   # outside the timer
+    assert all(p.a_eager == p.a_captured == 0 for p in pairs)            # a session without graphs is left alone
+    nocapture = GraphSession("b", host, CADENCE)
+    paired.run_pairs(FakeSession("a", host, STOCK), nocapture, units, timer=host.timer, capture_after=False)
+    assert nocapture.prepared == []

@@ -2,7 +2,10 @@
 console, its exit status), on the fake adapter of tests/fakes.py."""
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +16,9 @@ import workloads
 from duplexcadence.session import to_pcm16
 from fakes import SAMPLES_PER_TOKEN, fake_wave, workload
 from suite import records, reproduce
-from suite.measure import verify as verify_harness
-from suite.report import cli as report, single
+from suite.measure import session, verify as verify_harness
+from suite.records.paired import Protocol
+from suite.report import cli as report, document, single
 from test_reproduce_stages import clean_tree, inline  # noqa: F401
 
 
@@ -24,7 +28,7 @@ def verified(monkeypatch, clean_tree):  # noqa: F811
     wl = workload(turns=2, speak_per_turn=4)
     speak = [u.index for u in wl.script.units if u.kind == "SPEAK"]
     wl.spec["cadence_off_units"] = [speak[4]]
-    return wl, verify_harness.verify(wl, "cpu", progress=False)
+    return wl, verify_harness.verify(wl, "cpu", protocol=Protocol(processes=3), launch="inline", progress=False)
 
 
 def written(res, folder):
@@ -40,10 +44,10 @@ def test_results_folder_layout(verified, tmp_path):
     rec = json.loads((folder / "run.json").read_text())
     assert rec["run_id"] == "fake.verify"
     assert sorted(p.name for p in folder.iterdir()) == ["REPORT.md", "audio_cadence.wav", "audio_stock.wav", "run.json"]
-    assert rec["schema"] == records.RUN_SCHEMA and rec["verdict"] == "INVALID"
+    assert rec["schema"] == records.VERIFY_SCHEMA and rec["verdict"] == "INVALID"
     for key in ("tail_ms_p50", "tail_ms_p90", "tail_ms_p99", "rtf", "units_measured"):
         assert key in rec["modes"]["stock"]["metrics"], key
-    assert "peak_rss_mib" in rec["modes"]["stock"]["memory"]
+    assert rec["modes"]["stock"]["memory"] == {}                 # memory: the memory stages, one process per mode
 
 
 def test_wav_sample_count_equals_unit_samples(verified, tmp_path):
@@ -86,28 +90,33 @@ def test_report_without_a_folder_is_an_error_and_rewrites_nothing(verified, tmp_
 def test_report_content(verified, tmp_path):
     wl, res = verified
     text = (written(res, tmp_path / "run") / "REPORT.md").read_text()
-    bad = res.mismatches[0]
-    assert "**Verdict: INVALID**" in text and f"sha256 mismatch at unit {bad}" in text
-    assert f"differing units: [{bad}]" in text
+    bad = res.to_dict()["comparison"]["mismatched_units"][0]
+    assert "**Verdict: INVALID**" in text and f"process 1 pass 0 unit {bad}: stock and cadence bytes differ" in text
+    assert f"differing units: [{bad}]" in text and "Bit-exactness: 21/24 SPEAK units" in text
     rows = {int(line.split("|")[1]): line for line in text.splitlines()
             if line.startswith("|") and line.split("|")[1].strip().isdigit()}
-    assert sorted(rows) == [u.index for u in wl.script.units]
-    for r in res.stock.units:
-        if r.kind == "SPEAK":
-            cad = next(c for c in res.cadence.units if c.index == r.index)
-            cells = [c.strip() for c in rows[r.index].split("|")[1:-1]]
-            assert r.sha256_f32[:12] in cells and cad.sha256_f32[:12] in cells
-            assert cells[-1] == ("no" if r.index == bad else "yes")
-    assert "2.85x" in text and "-38.8%" in text and "+14% -> -2%" in text
+    speak = [u.index for u in wl.script.units if u.kind == "SPEAK"]
+    assert sorted(rows) == speak
+    for i in speak:
+        cells = [c.strip() for c in rows[i].split("|")[1:-1]]
+        want = fake_wave(next(u.tokens for u in wl.script.units if u.index == i))
+        assert hashlib.sha256(want.astype("<f4").tobytes()).hexdigest()[:12] in cells
+        assert cells[-1] == ("no" if i == bad else "yes")
+    assert "## Paired speedup" in text and "3 processes" in text and "- A/A floor (stock / stock): " in text
+    assert "None for this workload: the paper published figures for MiniCPM-o 4.5 at 10 Euler steps only." in text
+    assert "2.85x" not in text
     assert text.rstrip().split("## ")[-1].startswith("Parameters used")
-    assert "| euler_steps" in text and "| seed.weights" in text
+    assert "| euler_steps" in text and "| seed.weights" in text and "| processes | 3 |" in text
+    rec = res.to_dict()
+    rec["workload"]["model"] = records.PUBLISHED_MODEL            # the published configuration: its figures beside
+    assert "| speedup (stock / cadence, median) | 2.85x |" in single.render(rec)
 
 
-def test_stock_only_report_says_so(monkeypatch, clean_tree, tmp_path):  # noqa: F811
+def test_a_one_mode_report_says_it_compared_nothing(monkeypatch, clean_tree, tmp_path):  # noqa: F811
     fakes.register(monkeypatch, modes=("stock",))
-    res = verify_harness.verify(workload(), "cpu", progress=False)
+    res = session.run_workload(workload(), "stock", "cpu", progress=False)
     text = (written(res, tmp_path / "run") / "REPORT.md").read_text()
-    assert "Stock only: no cadence session ran" in text and "cadence mode not available" in text
+    assert "Stock only: no cadence session ran" in text
 
 
 def test_rebuild_names_missing_run_json(tmp_path):
@@ -157,7 +166,7 @@ def test_reproduce_cpu_default_leads_with_the_bytes_and_says_it_is_no_speed_meas
     assert out[i + 3].startswith("results:")
     line = next(x for x in out if x.startswith("stage 1 of 1 fake.verify: done in"))
     assert line.index("4/4 units byte-identical") < line.index("record verdict INVALID (few_units)")
-    assert "## Speedup" in (folder / "REPORT.md").read_text()
+    assert "## Speed" in (folder / "REPORT.md").read_text() and (folder / "claims.json").is_file()
     assert (folder / "fake.verify" / "REPORT.md").is_file()       # the stage's own report, rendered by the driver
 
 
@@ -208,3 +217,76 @@ def test_reproduce_bad_input_is_a_clear_error(fake_workloads, args, message, cap
     assert message in capsys.readouterr().err
 
 
+
+
+# --- the staged run's REPORT.md, claims.json and the published reference --------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "results" / "2026-12-01-h200-reproduce-9"
+
+
+def test_the_complete_reference_run_renders_under_30_kb_with_honest_verdicts(tmp_path):
+    """The committed H200 run of the older protocol (timing rounds; duplex sessions on one shared script,
+    the flow-matching ones with graphs from the sessions' own script), re-rendered from its records."""
+    run = tmp_path / REFERENCE.name
+    shutil.copytree(REFERENCE, run, ignore=shutil.ignore_patterns("*.png", "REPORT.md", "claims.json"))
+    text = document.write(run).read_text()
+    assert len(text.encode()) < 30_000, len(text.encode())
+    claims = {(r["claim"], r["workload"]): r for r in json.loads((run / "claims.json").read_text())["claims"]}
+    assert len(claims) == 6 * 5 + 1
+    assert all(r["run"] == REFERENCE.name and r["impl_tree"].startswith("47504c7") for r in claims.values())
+    speed = claims[("speed", "minicpmo45")]
+    assert (speed["verdict"], speed["published"], speed["target"]) == ("met", 2.85, ">= 2.85x (published)")
+    assert speed["ci_low"] > 2.85 and "older protocol" in speed["note"]          # the rounds' min-max: 2.90-3.96
+    assert claims[("speed", "stepaudio2_mini")]["verdict"] == "not met"                # 2.25x against >= 3x
+    for w in ("minicpmo45_5step", "moshi", "qwen3_omni"):
+        assert claims[("speed", w)]["verdict"] == "open" and "no A/A floor" in claims[("speed", w)]["note"]
+    for w in ("minicpmo45", "minicpmo45_5step", "stepaudio2_mini", "moshi", "qwen3_omni"):
+        row = claims[("sessions per GPU", w)]
+        assert row["verdict"] == "open" and row["ours"] is None and row["oracle"]
+    assert "oracle" in claims[("sessions per GPU", "minicpmo45")]["oracle"]
+    assert "shared script" in claims[("sessions per GPU", "moshi")]["oracle"]
+    assert claims[("mean SPEAK vs 1 s", "minicpmo45")]["verdict"] == "open"          # tail only
+    assert [claims[("peak memory", w)]["verdict"] for w in ("moshi", "qwen3_omni")] == ["not met", "not met"]
+    assert claims[("tail / kernel-busy", "moshi")]["verdict"] == "met"
+    published = [k for k, r in claims.items() if r["published"] is not None]
+    assert {w for _, w in published} == {"minicpmo45"}
+    assert "| speed | minicpmo45 | 2.85x |" in text and "| speed | stepaudio2_mini | — |" in text
+    for png in ("speed.png", "memory.png", "sessions.png", "speak_limit.png"):
+        assert (run / png).stat().st_size > 0 and f"]({png})" in text
+
+
+def test_publish_writes_the_fixed_paths_from_one_staged_run(fake_workloads, clean_tree, tmp_path, capsys):  # noqa: F811
+    results = tmp_path / "results"
+    run_dir = results / "run"
+    assert reproduce.main(["--device", "cpu", "--workload", "fake", "--run-dir", str(run_dir), "--max-speak-units", "15"],
+                          execute=inline) == 0
+    assert report.main([str(run_dir), "--publish", "--results", str(results)]) == 0
+    text = (results / "REPORT.md").read_text()
+    assert "](run/speed.png)" in text and (run_dir / "speed.png").is_file()
+    assert (run_dir / "REPORT.md").read_text() == text.replace("](run/", "](")
+    data = json.loads((results / "CLAIMS.json").read_text())
+    assert data == json.loads((run_dir / "claims.json").read_text()) and data["run"] == "run"
+    assert set(data["claims"][0]) >= {"claim", "workload", "published", "ours", "ci_low", "ci_high", "stock", "target",
+                                      "verdict", "run", "impl_tree"}
+    assert report.main([str(run_dir), str(run_dir), "--publish", "--results", str(results)]) == 2
+    assert report.main([str(run_dir / "fake.verify"), "--publish", "--results", str(results)]) == 2
+    assert report.main([str(run_dir), "--publish", "--results", str(tmp_path / "elsewhere")]) == 1
+    assert "is not inside" in capsys.readouterr().err
+
+
+def test_the_readme_results_table_says_what_the_published_claims_say():
+    """README.md's matrix (a row per claim, a column per workload, the verdict in bold) against
+    results/CLAIMS.json: every cell's verdict is the published row's, and every published row has its cell."""
+    readme = (ROOT / "README.md").read_text().split("## Results")[1].split("\n## ")[0]
+    lines = [line for line in readme.splitlines() if line.startswith("| ")]
+    names = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+    cells = {}
+    for line in lines[1:]:
+        row = [c.strip() for c in line.strip().strip("|").split("|")]
+        for name, cell in zip(names, row[1:]):
+            if cell:
+                cells[(row[0].split(" (")[0].split(",")[0], name)] = cell.split("**")[1]
+    published = json.loads((ROOT / "results" / "CLAIMS.json").read_text())
+    want = {(r["claim"], r["workload"]): r["verdict"] for r in published["claims"]}
+    assert cells == want
+    assert published["run"] in readme

@@ -108,7 +108,8 @@ def section(text: str, title: str) -> str:
 
 
 def row_of(text: str, title: str, name: str = "fake") -> str:
-    return next(line for line in section(text, title).splitlines() if line.startswith(f"| {name} "))
+    part = section(text, title) if title else text
+    return next(line for line in part.splitlines() if line.startswith(f"| {name} "))
 
 
 # --- resumability, budget, retries --------------------------------------------------------------------------
@@ -438,14 +439,38 @@ def test_duplex_starts_are_starting_points_at_the_targets_and_the_search_fits_th
     assert "not measurements" in json.dumps(plans.DUPLEX_SESSIONS["about"])
 
 
-def test_verify_stage_passes_the_device_s_timing_rounds():
+def test_verify_stage_passes_the_device_s_protocol():
     st = Stage("minicpmo45", "verify", 100.0)
-    for device in ("cuda", "cpu"):
-        argv = plans.stage_argv(st, "x", {**OPTIONS, "device": device})
-        assert argv[:2] == ["suite.measure.stage", "verify"]
-        assert argv[argv.index("--rounds") + 1] == str(plans.VERIFY_ROUNDS[device])
-    assert "--rounds" not in plans.stage_argv(Stage("minicpmo45", "memory_stock", 100.0), "x", OPTIONS)
-    assert plans.VERIFY_ROUNDS["cuda"] >= 2                       # the report's band needs two rounds
+    cuda = plans.stage_argv(st, "x", {**OPTIONS, "device": "cuda"})
+    assert cuda[:2] == ["suite.measure.stage", "verify"]
+    flags = {k: cuda[cuda.index(k) + 1] for k in ("--processes", "--passes", "--warmup-pairs", "--aa-units",
+                                                   "--prime-units")}
+    assert flags == {"--processes": "3", "--passes": "1", "--warmup-pairs": "4", "--aa-units": "10",
+                     "--prime-units": "2"}
+    cpu = plans.stage_argv(st, "x", {**OPTIONS, "device": "cpu"})
+    assert [cpu[cpu.index(k) + 1] for k in ("--processes", "--aa-units", "--prime-units")] == ["1", "0", "0"]
+    more = plans.stage_argv(st, "x", {**OPTIONS, "device": "cuda", "processes": 5, "passes": 2})
+    assert [more[more.index(k) + 1] for k in ("--processes", "--passes")] == ["5", "2"]
+    assert "--processes" not in plans.stage_argv(Stage("minicpmo45", "memory_stock", 100.0), "x", OPTIONS)
+
+
+def test_a_verify_stage_is_expected_to_take_what_its_protocol_costs():
+    """The H200 estimate: the set-ups at once, then each process's A/A and A/B runs; more processes or passes
+    cost more, a CPU run and a workload without costs have none; the sum of the five fits 400 s +- 5%."""
+    wl = workloads.get("minicpmo45")
+    base = plans.verify_estimate_s(wl, "cuda", {})
+    five = plans.verify_estimate_s(wl, "cuda", {"processes": 5})
+    two = plans.verify_estimate_s(wl, "cuda", {"passes": 2})
+    cost = plans.VERIFY_COST_S["minicpmo45"]
+    per_pass = 39 * (cost["stock"] + cost["cadence"])              # the script's 39 SPEAK units, no LISTEN payload
+    assert two - base == pytest.approx(3 * per_pass)
+    assert five - base == pytest.approx(2 * (2 * cost["stock"] * 10 + per_pass))
+    assert plans.verify_estimate_s(wl, "cpu", {}) is None
+    total = sum(plans.verify_estimate_s(workloads.get(n), "cuda", {}) for n in plans.VERIFY_COST_S)
+    assert 300 < total < 420, total
+    st = plans.plan(["minicpmo45"], ["verify", "memory_stock"], "cuda")
+    assert st[0].expected_s == pytest.approx(base) and st[1].expected_s is None
+    assert plans.estimate_s(st[0], {}) == pytest.approx(plans.VERIFY_MARGIN * base)
 
 
 # --- overlap: from the recorded times, per node ------------------------------------------------------------------
@@ -533,7 +558,7 @@ def test_a_legacy_duplex_entry_is_left_alone_and_listed(fake_registry, clean_tre
     assert list(state.legacy()) == ["fake.duplex"] and state.counts()["failed"] == 0
     text = (run_dir / "REPORT.md").read_text()
     assert "**Complete**" in text and "1 legacy entries" in text
-    assert "legacy (a harness this version does not run" in section(text, "Stages")
+    assert "legacy: a harness this version does not run" in section(text, "Stages")
 
 
 # --- the merged report ----------------------------------------------------------------------------------------
@@ -556,10 +581,10 @@ def duplex_part(workload_name: str, mode: str, hashes=("u0", "u1", "u2"), gpu=No
 
 
 def as_minicpmo(run_dir: Path) -> None:
-    """Label the fake records with the architecture the published figures belong to."""
+    """Label the fake records with the model the published figures belong to (10 Euler steps already)."""
     for path in run_dir.glob("*/run.json"):
         rec = json.loads(path.read_text())
-        rec["workload"]["architecture"] = records.PUBLISHED_ARCHITECTURE
+        rec["workload"]["model"] = records.PUBLISHED_MODEL
         path.write_text(json.dumps(rec))
 
 
@@ -572,27 +597,29 @@ def test_stage_outputs_merge_into_one_report(fake_registry, clean_tree, tmp_path
     as_minicpmo(run_dir)
     text = document.write(run_dir).read_text()
     assert text.count("# DuplexCadence reproduction") == 1 and "**Complete**" in text
-    for title, paper in [("Speedup", "2.85x"), ("Peak memory", "-38.8%"),
-                         ("SPEAK time against the 1 s cadence", "+14% -> -2%"), ("Per-session increment", "1/2"),
-                         ("Sessions per GPU", ">= 24"), ("Bitwise equality", "every unit")]:
-        table = section(text, title)
-        assert paper in table, title
-        assert len([line for line in table.splitlines() if line.startswith("| fake")]) == 1, title
+    verdicts = section(text, "Verdicts")
+    for claim, paper in [("speed", "2.85x"), ("tail / kernel-busy", "—"), ("peak memory", "-38.8%"),
+                         ("memory per session", "—"), ("mean SPEAK vs 1 s", "+14% -> -2%"),
+                         ("sessions per GPU", "—"), ("bytes equal", "—")]:
+        rows = [line for line in verdicts.splitlines() if line.startswith(f"| {claim} | fake | {paper} |")]
+        assert len(rows) == 1, claim
     rec = json.loads((run_dir / "fake.verify" / "run.json").read_text())
     sp = figures.speedup(rec)
-    row = row_of(text, "Speedup")
-    assert f"{sp['stock'][1]:.1f} [" in row and f"{sp['x']:.2f}x [" in row
-    assert "one process per mode; RSS" in section(text, "Peak memory")
-    speak = section(text, "SPEAK time against the 1 s cadence")
-    assert "+13.2%" in speak and "-41.5%" in speak and "+30.0% / -20.0%" in speak   # the two modes' records joined
-    assert "duplex (fake.duplex_stock/duplex.json, fake.duplex_cadence/duplex.json)" in speak
-    assert "one session alone, cadence == stock: yes" in speak and "oracle" not in speak
-    assert ">= 25 vs >= 3" in section(text, "Sessions per GPU")
-    assert "| 36 " in section(text, "Bitwise equality")          # 3 turns x 12 SPEAK units, all compared
-    for png in ("speedup.png", "memory.png", "fake_speak.png", "fake_miss_rate.png"):
-        assert (run_dir / png).stat().st_size > 0 and f"![{png}]({png})" in text
-    assert re.search(r"\| fake\.verify +\| done .*\| cpu +\|", section(text, "Stages"))   # where it ran
-    assert text.rstrip().split("\n## ")[-1].startswith("Parameters used")
+    assert sp["protocol"] == "paired" and f"| {sp['x']:.2f}x [{sp['lo']:.2f}-{sp['hi']:.2f}] |" in verdicts
+    assert "one process per mode; RSS" in section(text, "Memory")
+    sessions = row_of(text, "Sessions per GPU")
+    assert "| >= 3 | >= 25 |" in sessions and "| one shared script |" in sessions and "| +13.2 / -41.5 |" in sessions
+    assert "fake.duplex_stock/duplex.json, fake.duplex_cadence/duplex.json" in sessions
+    assert "| bytes equal | fake | — | 36/36 units stock vs cadence; duplex: every session equal to itself alone |" in text
+    assert "| sessions per GPU | fake | — | — | >= 3 | — |" in verdicts          # no target for a fake workload
+    for png, title in (("speed.png", "Speed"), ("memory.png", "Memory"), ("sessions.png", "Sessions per GPU"),
+                       ("speak_limit.png", "Sessions per GPU")):
+        assert (run_dir / png).stat().st_size > 0 and f"]({png})" in section(text, title)
+    assert re.search(r"- `fake\.verify`: done in [0-9.]+ s \(budget 100 s, 1 attempt\(s\), cpu\)", section(text, "Stages"))
+    assert text.rstrip().split("\n## ")[-1].startswith("Provenance") and "\nParameters: device \"cpu\"" in text
+    claims_file = json.loads((run_dir / "claims.json").read_text())
+    assert [(r["claim"], r["verdict"]) for r in claims_file["claims"]][0] == ("speed", "open")
+    assert {r["run"] for r in claims_file["claims"]} == {"run"} and claims_file["complete"] is True
     assert report.rebuild(run_dir) == run_dir / "REPORT.md"
 
 
@@ -602,7 +629,7 @@ def test_report_marks_figures_timed_beside_another_stage(fake_registry, clean_tr
     runner.run_plan(plan, State.open(run_dir, OPTIONS, resume=False), OPTIONS, execute=inline, log=lambda *_: None)
     text = document.write(run_dir).read_text()                     # one at a time: each recorded alone
     assert "timed beside" not in text and document.TIMED_NOTE not in text
-    assert re.search(r"\| alone +\|$", row_of(text, "Speedup"))
+    assert row_of(text, "Speed").endswith("| alone |")
     data = json.loads((run_dir / "stages.json").read_text())       # as a sitting of an older version on 2 GPUs
     for name, gpu, start, end in [("verify", 0, "00:00", "01:00"), ("memory_stock", 1, "00:30", "01:30"),
                                   ("duplex_stock", 0, "02:00", "03:00"), ("duplex_cadence", 0, "03:00", "04:00")]:
@@ -611,8 +638,8 @@ def test_report_marks_figures_timed_beside_another_stage(fake_registry, clean_tr
         st.update(gpu=gpu, started_utc=f"2026-11-30T10:{start}+00:00", ended_utc=f"2026-11-30T10:{end}+00:00")
     (run_dir / "stages.json").write_text(json.dumps(data))
     text = document.write(run_dir).read_text()
-    assert "| timed beside fake.memory_stock on another GPU " in row_of(text, "Speedup") and document.TIMED_NOTE in text
-    for title in ("SPEAK time against the 1 s cadence", "Sessions per GPU", "Peak memory", "Bitwise equality"):
+    assert "| timed beside fake.memory_stock on another GPU " in row_of(text, "Speed") and document.TIMED_NOTE in text
+    for title in ("Sessions per GPU", "Memory", "Bytes"):
         assert "timed beside" not in section(text, title), title
     data["stages"]["fake.duplex_cadence"]["overlapped"] = ["fake.memory_stock"]   # recorded: it wins
     (run_dir / "stages.json").write_text(json.dumps(data))
@@ -625,10 +652,9 @@ def test_unfinished_run_report_says_what_is_missing(fake_registry, clean_tree, t
     plan = [Stage("fake", "verify", 100.0)] + [Stage("fake", h, 100.0, skip="no cadence here")
                                                for h in ("duplex_stock", "duplex_cadence")]
     runner.run_plan(plan, State.open(run_dir, OPTIONS, resume=False), OPTIONS, execute=inline, log=lambda *_: None)
-    text = document.write(run_dir).read_text()
-    assert "not measured (duplex: skipped: no cadence here)" in section(text, "Sessions per GPU")
-    assert "tail only, p50, no AR stage (verify)" in section(text, "SPEAK time against the 1 s cadence")
-    assert "one process, both modes (verify)" in section(text, "Peak memory")
+    verdicts = section(document.write(run_dir).read_text(), "Verdicts")
+    assert "**open** (not measured (skipped: no cadence here))" in row_of(verdicts, "", "sessions per GPU")
+    assert "**open** (not measured (not in this run))" in row_of(verdicts, "", "peak memory")
 
 
 def test_a_run_folder_missing_default_plan_stages_reads_incomplete(tmp_path, monkeypatch):
@@ -692,40 +718,42 @@ def test_the_claims_read_a_unit_table_as_they_read_rows(tmp_path):
 
 def test_figures_from_two_gpu_types_are_never_paired(tmp_path):
     """Stock's and cadence's duplex stages on different GPU types (a heterogeneous Ray cluster): no ratio."""
-    entries = done_duplex_stages(tmp_path, {"duplex_stock": duplex_part("w", "stock", gpu="NVIDIA H200"),
+    def stock(gpu):
+        rec = duplex_part("w", "stock", gpu=gpu)           # 3 clean, then 4 missed: the stock limit is 3
+        rec["workloads"]["w"]["modes"]["stock"]["runs"].append(
+            {"sessions": 4, "metrics": {"misses": 3, "miss_rate": 0.01, "units_run": 240}})
+        return rec
+    entries = done_duplex_stages(tmp_path, {"duplex_stock": stock("NVIDIA H200"),
                                             "duplex_cadence": duplex_part("w", "cadence", gpu="NVIDIA A100")})
     d = figures.duplex_figures(entries, "w")
-    assert claims.session_ratio(d["modes"]["stock"], d["modes"]["cadence"]) == (
-        "— (not paired: stock on NVIDIA H200, cadence on NVIDIA A100)")
-    same = done_duplex_stages(tmp_path / "same", {"duplex_stock": duplex_part("w", "stock", gpu="NVIDIA H200"),
+    assert claims.ratio_bounds(d["modes"]["stock"], d["modes"]["cadence"]) == (None, None)
+    same = done_duplex_stages(tmp_path / "same", {"duplex_stock": stock("NVIDIA H200"),
                                                   "duplex_cadence": duplex_part("w", "cadence", gpu="NVIDIA H200")})
     d = figures.duplex_figures(same, "w")
-    assert "not paired" not in claims.session_ratio(d["modes"]["stock"], d["modes"]["cadence"])
-    ours = _rounds_record([2.5, 2.6, 2.7], gpu="NVIDIA H200")
-    refs = {"w": [("a100", _rounds_record([2.0, 2.1], gpu="NVIDIA A100")), ("h200", _rounds_record([2.4, 2.8]))]}
-    cells = _w_row(runs.between_runs_table({"workloads": {"w": {"verify": {"record": ours}}}}, refs))
-    assert cells[1:6] == ["1", "2.60x", "2.60x", "[2.40-2.80] (2 rounds)", "yes"] and "other GPUs counted out: a100" in cells[6]
+    assert claims.ratio_bounds(d["modes"]["stock"], d["modes"]["cadence"]) == (8.3, None)   # 25 clean / stock 3 clean
 
 
 def test_an_oracle_figure_is_labelled_and_shown_beside_the_real_one(tmp_path):
     """A cadence record whose graphs came from the sessions' own script (the harness's --prepare oracle, or a
-    record of a harness that rehearsed the script) is labelled so; the oracle stage's figure sits beside the
-    real one."""
+    record of a harness that rehearsed the script) is never the headline; the oracle stage's figure sits
+    beside the real one."""
     rehearsed = duplex_part("w", "cadence")
     rehearsed["workloads"]["w"]["modes"]["cadence"]["runs"][0]["admission"] = [{"session": 0, "rehearsed": {"x": 1}}]
-    data = {"workloads": {"w": done_duplex_stages(tmp_path / "old", {
-        "duplex_stock": duplex_part("w", "stock"), "duplex_cadence": rehearsed})}}
-    cells = [c.strip() for c in next(line for line in claims.sessions_table(data).splitlines()
-                                     if line.startswith("| w ")).split("|")]
-    assert cells[5].endswith(claims.ORACLE.strip()) and cells[6].endswith("(oracle)")
+    e = done_duplex_stages(tmp_path / "old", {"duplex_stock": duplex_part("w", "stock"), "duplex_cadence": rehearsed})
+    row = claims.sessions("w", e)
+    assert (row.ours, row.verdict, row.oracle) == (None, "open", ">= 25 (oracle: graphs from the sessions' own script)")
     oracle = duplex_part("w", "cadence")
     oracle["workloads"]["w"]["modes"]["cadence"]["prepare"] = "oracle"
     oracle["workloads"]["w"]["modes"]["cadence"]["runs"][1]["sessions"] = 30
-    data = {"workloads": {"w": done_duplex_stages(tmp_path / "new", {
-        "duplex_stock": duplex_part("w", "stock"), "duplex_cadence": duplex_part("w", "cadence"),
-        "duplex_oracle": oracle})}}
-    row = next(line for line in claims.sessions_table(data).splitlines() if line.startswith("| w "))
-    assert "25 (largest tried); with oracle graphs: 30 (largest tried)" in row and "(oracle)" not in row.split("|")[6]
+    unseen = duplex_part("w", "cadence")
+    unseen["parameters"]["scripts"] = records.UNSEEN_SCRIPTS
+    e = done_duplex_stages(tmp_path / "new", {"duplex_stock": duplex_part("w", "stock"), "duplex_cadence": unseen,
+                                              "duplex_oracle": oracle})
+    row = claims.sessions("w", e)
+    assert (row.ours, row.ours_text, row.oracle) == (25, ">= 25", ">= 30 (oracle graphs)")
+    data = {"workloads": {"w": e}, "state": {}}
+    line = row_of("\n".join(document.sessions_section(data, [], "")), "", "w")
+    assert "| >= 3 | >= 25 | — | unseen scripts | >= 30 |" in line
 
 
 def _mode_runs(best, counts_misses) -> dict:
@@ -737,19 +765,16 @@ def _mode_runs(best, counts_misses) -> dict:
 
 @pytest.mark.parametrize("stock, cadence, cells, ratio", [
     pytest.param((2, [(1, 0), (2, 0), (3, 6)]), (1, [(1, 0), (26, 46)]),
-                 ("2 (3 missed 6/180)", "1 (26 missed 46/1560: limit 1-25)"), "0.5-12.5x", id="cadence-bracket"),
+                 ("2 (3 missed 6/180)", "1-25 (26 missed 46/1560)"), "0.5-12.5x", id="cadence-bracket"),
     pytest.param((2, [(1, 0), (2, 0), (3, 6)]), (26, [(1, 0), (26, 0), (27, 1)]),
-                 ("2 (3 missed 6/180)", "26 (27 missed 1/1620)"), "13.0x", id="both-exact"),
+                 ("2 (3 missed 6/180)", "26 (27 missed 1/1620)"), "13x", id="both-exact"),
     pytest.param((2, [(1, 0), (2, 0), (4, 26)]), (8, [(1, 0), (8, 0)]),
-                 ("2 (4 missed 26/240: limit 2-3)", "8 (largest tried)"), ">= 2.6x", id="cadence-lower-bound"),
+                 ("2-3 (4 missed 26/240)", ">= 8"), ">= 2.6x", id="cadence-lower-bound"),
     pytest.param((4, [(1, 0), (4, 0), (8, 453)]), (32, [(1, 0), (32, 0), (48, 2617)]),
-                 ("4 (8 missed 453/480: limit 4-7)", "32 (48 missed 2617/2880: limit 32-47)"), "4.5-11.8x",
-                 id="range-rounded-outwards"),
-    pytest.param((4, [(1, 0), (4, 0)]), (32, [(1, 0), (32, 0)]),
-                 ("4 (largest tried)", "32 (largest tried)"), "— (both limits above the counts tried: >= 32 vs >= 4)",
-                 id="two-lower-bounds"),
+                 ("4-7 (8 missed 453/480)", "32-47 (48 missed 2617/2880)"), "4.5-11.8x", id="range-rounded-outwards"),
+    pytest.param((4, [(1, 0), (4, 0)]), (32, [(1, 0), (32, 0)]), (">= 4", ">= 32"), "—", id="two-lower-bounds"),
     pytest.param((None, [(1, 3)]), (4, [(1, 0), (4, 0), (8, "refused")]),
-                 ("0 (1 missed 3/60)", "4 (8 refused (memory): limit 4-7)"), "—", id="zero-and-refused"),
+                 ("0 (1 missed 3/60)", "4-7 (8 refused)"), "—", id="zero-and-refused"),
 ])
 def test_sessions_per_gpu_shows_the_bracket_the_counts_tried_put_on_each_limit(tmp_path, stock, cadence, cells, ratio):
     legacy = {"schema": "duplexcadence.duplex/1", "parameters": {"seconds": 60}, "verdict": "VALID",
@@ -757,9 +782,9 @@ def test_sessions_per_gpu_shows_the_bracket_the_counts_tried_put_on_each_limit(t
                                                                     "cadence": _mode_runs(*cadence)}}}}
     d = figures.duplex_figures(done_duplex_stages(tmp_path, {"duplex": legacy}), "w")
     fs, fc = d["modes"]["stock"], d["modes"]["cadence"]
-    assert (claims.limit_cell(fs), claims.limit_cell(fc)) == cells
-    assert claims.session_ratio(fs, fc) == ratio
-    assert claims.session_ratio(None, fc) == "—" and claims.limit_cell(None) == "—"
+    assert (claims.limit_text(fs), claims.limit_text(fc)) == cells
+    assert claims.ratio_text(*claims.ratio_bounds(fs, fc)) == ratio
+    assert claims.ratio_bounds(None, fc) == (None, None) and claims.limit_text(None) == "—"
 
 
 def test_the_session_limit_is_derived_from_the_runs_not_read_from_the_record(tmp_path):
@@ -767,7 +792,7 @@ def test_the_session_limit_is_derived_from_the_runs_not_read_from_the_record(tmp
            "workloads": {"w": {"ar": {"kind": "none"}, "modes": {"cadence": _mode_runs(8, [(1, 0), (2, 0), (4, 3),
                                                                                            (8, 0)])}}}}
     fc = figures.duplex_figures(done_duplex_stages(tmp_path, {"duplex": rec}), "w")["modes"]["cadence"]
-    assert fc["max_sessions_zero_miss"] == 2 and claims.limit_cell(fc) == "2 (4 missed 3/240: limit 2-3)"
+    assert fc["max_sessions_zero_miss"] == 2 and claims.limit_text(fc) == "2-3 (4 missed 3/240)"
 
 
 # --- a duplex stage's verdict --------------------------------------------------------------------------------
@@ -875,10 +900,8 @@ def test_a_failed_duplex_stage_still_reports_the_runs_it_measured(tmp_path, end,
     assert (st.status, st.reason, st.verdict, st.invalid_codes) == ("failed", reason, "PARTIAL", ["partial"])
     text = document.write(tmp_path).read_text()
     mark = f"cadence: PARTIAL, N=1,25 measured (failed: {reason})"
-    speak = row_of(text, "SPEAK time against the 1 s cadence", "w")
-    assert "-41.5%" in speak and mark in speak
-    sessions = re.sub(r" +\|", " |", row_of(text, "Sessions per GPU", "w"))
-    assert "| 3 (largest tried) | 25 (largest tried) (PARTIAL) |" in sessions and mark in sessions
+    sessions = row_of(text, "Sessions per GPU", "w")
+    assert "| >= 3 | >= 25 |" in sessions and "| +13.2 / -41.5 |" in sessions and mark in sessions
     assert "**Incomplete**" in text and "1 PARTIAL (failed after measuring some runs): w.duplex_cadence" in text
     again = DuplexStages()
     run(tmp_path, DUPLEX_PLAN, again, resume=True)
@@ -892,93 +915,82 @@ def test_one_duplex_mode_done_is_shown_and_the_other_said_pending(tmp_path):
     _, sitting = run(tmp_path, DUPLEX_PLAN, stub, budget_s=580.0)
     assert [c[0] for c in stub.calls] == ["w.duplex_stock"] and sitting["stopped"]
     text = document.write(tmp_path).read_text()
-    row = row_of(text, "SPEAK time against the 1 s cadence", "w")
-    assert "+13.2%" in row and "duplex (w.duplex_stock/duplex.json); cadence: pending: not run yet: budget" in row
     row = row_of(text, "Sessions per GPU", "w")
-    assert "| 3 " in row and "cadence: pending" in row and "cadence == stock" not in row
+    assert "| >= 3 | — |" in row and "| +13.2 / — |" in row
+    assert "w.duplex_stock/duplex.json; cadence: pending: not run yet: budget" in row
 
 
-# --- figures, references, coverage ---------------------------------------------------------------------------
-def test_compare_states_whether_ratios_are_within_noise(fake_registry, clean_tree, tmp_path):
-    run_dir = tmp_path / "run"
-    runner.run_plan([Stage("fake", "verify", 100.0)], State.open(run_dir, OPTIONS, resume=False), OPTIONS,
-                    execute=inline, log=lambda *_: None)
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    rec = json.loads((run_dir / "fake.verify" / "run.json").read_text())
-    for mode, ms in (("stock", 10.0), ("cadence", 5.0)):
-        for u in rec["modes"][mode]["units"]:
-            if u["tail_ms"] is not None:
-                u["tail_ms"] = ms + 0.01 * u.get("index", 0)
-    (run_dir / "fake.verify" / "run.json").write_text(json.dumps(rec))
-    (ref / "run.json").write_text(json.dumps(rec))
-    assert "within the reference's noise" in document.write(run_dir, [str(ref)]).read_text()
-    for u in rec["modes"]["stock"]["units"]:
-        if u["tail_ms"] is not None:
-            u["tail_ms"] /= 10.0
-    (ref / "run.json").write_text(json.dumps(rec))
-    assert "OUTSIDE the reference's noise" in section(document.write(run_dir, [str(ref)]).read_text(),
-                                                      "Against the reference run")
-    rec["provenance"]["device"]["gpu_name"] = "NVIDIA A100"          # another GPU: not compared at all
-    (ref / "run.json").write_text(json.dumps(rec))
-    assert "not comparable: ours on cpu, the reference on NVIDIA A100" in document.write(run_dir, [str(ref)]).read_text()
+def paired_record(x, lo, hi, *, gpu="NVIDIA H200", states=None, processes=3) -> dict:
+    """A paired verify record carrying only what the report reads: its speedup summary (suite.records.paired)."""
+    sp = {"speedup": x, "ci_low": lo, "ci_high": hi, "a_ms_median": 10.0 * x, "b_ms_median": 10.0,
+          "processes": processes, "pairs": 30 * processes, "process_medians": [x] * processes, "mismatched": 0,
+          "mismatches": [], "mixed_pairs": 0, "probe_split": None, "seed": 0, "n_boot": 2000,
+          "flags": [] if processes >= 3 else [f"{processes} processes with measured pairs < 3"],
+          "states": {k: {"state": k, "speedup": v[0], "ci_low": v[1], "ci_high": v[2], "pairs": v[3],
+                         "processes": 3, "probe_median": 7.0} for k, v in (states or {}).items()}}
+    return {"schema": records.VERIFY_SCHEMA, "workload": {"name": "w", "model": "M"}, "parameters": {},
+            "provenance": {"device": {"gpu_name": gpu}, "impl_tree": "t", "date_utc": "2026-12-01"},
+            "device": "cuda", "verdict": "VALID",
+            "modes": {m: {"metrics": {}, "units": [], "memory": {}} for m in ("stock", "cadence")},
+            "comparison": {"protocol": "paired", "units_compared": 90, "mismatched_units": []},
+            "paired": {"speedup": sp, "floor": None, "clears_floor": None}}
+
+
+def test_the_reproducibility_bar_judges_a_second_run_against_the_first(tmp_path):
+    first = paired_record(2.50, 2.45, 2.60)
+    assert runs.bar(paired_record(2.55, 2.50, 2.62), first, "w") == (
+        "met", ["w: second run 2.55x inside the first's [2.45-2.60]"])
+    verdict, reasons = runs.bar(paired_record(2.70, 2.65, 2.75), first, "w")
+    assert verdict == "not met" and "outside the first's" in reasons[0]
+    two = {"fast": (2.3, 2.25, 2.35, 40), "slow": (3.0, 2.9, 3.1, 40)}
+    moved = {"fast": (2.32, 2.3, 2.4, 40), "slow": (3.05, 3.0, 3.1, 60)}
+    verdict, reasons = runs.bar(paired_record(2.8, 2.7, 2.9, states=moved), paired_record(2.5, 2.4, 2.6, states=two), "w")
+    assert verdict == "met" and any("(slow host)" in r and "inside" in r for r in reasons)   # judged per state
+    verdict, reasons = runs.bar(paired_record(2.55, 2.5, 2.6, processes=2), first, "w")
+    assert verdict == "not met" and any("2 processes with measured pairs < 3" in r for r in reasons)
+    older = {**first, "schema": records.RUN_SCHEMA, "comparison": {"rounds": [{"speedup_x": 2.0}, {"speedup_x": 2.2}]}}
+    verdict, reasons = runs.bar(first, older, "w")
+    assert verdict == "open" and "the reference of the older protocol" in reasons[0]
+    verdict, reasons = runs.bar(first, paired_record(2.5, 2.4, 2.6, gpu="NVIDIA A100"), "w")
+    assert verdict == "open" and "not comparable: ours on NVIDIA H200, the reference on NVIDIA A100" in reasons[0]
+    assert runs.bar(None, first, "w")[0] == "open"
+
+
+def test_compare_puts_the_bar_in_the_report(tmp_path):
+    run_dir, ref = tmp_path / "run", tmp_path / "ref"
+    for folder, rec in ((run_dir / "w.verify", paired_record(2.55, 2.5, 2.6)), (ref, paired_record(2.5, 2.45, 2.6))):
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps(rec))
+    (run_dir / "stages.json").write_text(json.dumps({"schema": records.STAGES_SCHEMA, "options": OPTIONS, "sittings": [],
+                                                     "stages": {"w.verify": {"workload": "w", "harness": "verify",
+                                                                             "status": "done"}}}))
+    text = section(document.write(run_dir, [str(ref)]).read_text(), "Against the reference run")
+    assert "Against `ref`: **met**" in text and "- w: **met**: w: second run 2.55x inside the first's [2.45-2.60]" in text
+    (ref / "run.json").write_text(json.dumps(paired_record(2.2, 2.1, 2.3)))
+    assert "Against `ref`: **not met**" in section(document.write(run_dir, [str(ref)]).read_text(),
+                                                  "Against the reference run")
 
 
 def test_timing_rounds_give_the_speedup_and_its_band(tmp_path):
-    rec = {"modes": {m: {"units": [{"index": i, "measured": True, "tail_ms": ms * (1 + 0.05 * ((i % 3) - 1))}
-                                   for i in range(9)]} for m, ms in (("stock", 10.0), ("cadence", 5.0))}}
+    """Older verify records: the median of their timing rounds with the rounds' min-max; one round: the units' band."""
+    rec = {"modes": {m: {"metrics": {}, "units": [{"index": i, "measured": True, "tail_ms": ms * (1 + 0.05 * ((i % 3) - 1))}
+                                                  for i in range(9)]} for m, ms in (("stock", 10.0), ("cadence", 5.0))}}
 
-    def with_rounds(xs, host=(5.0, 6.0)):
+    def with_rounds(xs):
         r = json.loads(json.dumps(rec))
         r["comparison"] = {"rounds": [{"round": i + 1, "speedup_x": x, "stock_tail_ms_p50": 10 * x,
-                                       "cadence_tail_ms_p50": 10.0, "host_us_per_op": {"before": host[0], "after": host[1]}}
-                                      for i, x in enumerate(xs)]}
+                                       "cadence_tail_ms_p50": 10.0} for i, x in enumerate(xs)]}
         return r
     sp = figures.speedup(with_rounds([2.0, 2.2, 2.1]))
-    assert (sp["x"], sp["lo"], sp["hi"], sp["band"], sp["host"]) == (2.1, 2.0, 2.2, "3 rounds", (5.0, 6.0))
+    assert (sp["x"], sp["lo"], sp["hi"], sp["protocol"], sp["floor"]) == (2.1, 2.0, 2.2, "rounds", None)
+    assert sp["band"] == "min-max of 3 rounds in one process"
     old = with_rounds([2.0, 2.2, 2.1])
     old["modes"]["stock"]["units"][0]["kernels"] = {"kernels": 1}
-    assert figures.speedup(old)["band"] == "3 rounds; rounds 2+ timed after the profiler"
+    assert figures.speedup(old)["band"].endswith("; rounds 2+ timed after the profiler")
     one = figures.speedup(with_rounds([2.0]))
-    assert one["band"] == "units" and one["lo"] < 1.95 and one["hi"] > 2.05
-    assert claims.unit_host_cell({"host_op_us_p50": 10.46, "sm_mhz_p50": 1980.0}, {"host_op_us_p50": 7.27}) == \
-        "10.5 / 7.3 us launch, 1980 / — MHz SM"
-    assert claims.unit_host_cell({}, {}) == "—"
-
-
-def _rounds_record(xs, tree="t1", profiled=False, gpu="NVIDIA H200"):
-    return {"provenance": {"impl_tree": tree, "device": {"gpu_name": gpu}}, "run_id": "w.verify",
-            "comparison": {"rounds": [{"round": i + 1, "speedup_x": x, "cadence_tail_ms_p50": 10.0,
-                                       "stock_tail_ms_p50": 10.0 * x} for i, x in enumerate(xs)]},
-            "modes": {"stock": {"units": [{"index": 0, "kernels": {"kernels": 1}} if profiled else {"index": 0}]}}}
-
-
-def _w_row(table: str) -> list[str]:
-    for line in table.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells[0] == "w":
-            return cells
-    raise AssertionError(f"no row for w in:\n{table}")
-
-
-def test_between_runs_pools_the_references_rounds_of_the_same_impl_tree():
-    data = {"workloads": {"w": {"verify": {"record": _rounds_record([2.5, 2.6, 2.7])}}}}
-    refs = {"w": [("run-a", _rounds_record([2.0, 2.1, 2.2])), ("run-b", _rounds_record([2.9, 3.0, 3.4]))]}
-    cells = _w_row(runs.between_runs_table(data, refs))
-    assert cells[1:6] == ["2", "2.10x, 3.00x", "2.60x", "[2.00-3.40] (6 rounds)", "yes"]
-    assert cells[6].startswith("stock x1.70 (20.0-34.0 ms), cadence x1.00")
-    refs["w"][1] = ("run-b", _rounds_record([2.9, 3.0, 3.4], tree="t0"))
-    cells = _w_row(runs.between_runs_table(data, refs))
-    assert cells[1:6] == ["1", "2.10x", "2.60x", "[2.00-2.20] (3 rounds)", "NO"]
-    assert "other impl/ trees counted out: run-b" in cells[6]
-    refs["w"][1] = ("run-c", _rounds_record([2.4, 5.0, 5.0], profiled=True))
-    cells = _w_row(runs.between_runs_table(data, refs))
-    assert cells[4] == "[2.00-2.40] (4 rounds)" and "round 1 only (rounds 2+ timed after the profiler): run-c" in cells[6]
-    assert runs.between_runs_table(data, {}) == "No reference run with timing rounds for a workload of this run."
-    only_other = {"w": [("run-b", _rounds_record([2.9], tree="t0"))]}
-    assert "no reference of this impl/ tree (other trees: run-b)" in runs.between_runs_table(data, only_other)
-    nan = {"w": [("run-a", _rounds_record([float("nan"), 2.0, 3.0]))]}
-    assert _w_row(runs.between_runs_table(data, nan))[4:6] == ["[2.00-3.00] (2 rounds)", "yes"]
+    assert one["protocol"] == "units" and one["lo"] < 1.95 and one["hi"] > 2.05
+    row = claims.speed("moshi", {"verify": {"record": with_rounds([6.9, 7.1, 7.0]), "state": {}}})
+    assert row.verdict == "open" and row.ours_text == "7.00x [6.90-7.10] (older protocol)" and "no A/A floor" in row.note
 
 
 def test_make_report_compare_records_the_reference_and_keeps_it(fake_registry, clean_tree, tmp_path, capsys):
@@ -996,54 +1008,50 @@ def test_make_report_compare_records_the_reference_and_keeps_it(fake_registry, c
     assert report.main([str(run_dir), "--compare", str(ref)]) == 0
     assert json.loads((run_dir / "stages.json").read_text())["compare"] == [str(ref)]
     assert report.main([str(run_dir)]) == 0                      # kept by a plain rebuild
-    assert "| ref " in section((run_dir / "REPORT.md").read_text(), "Against the reference run")
+    assert "Against `ref`: " in section((run_dir / "REPORT.md").read_text(), "Against the reference run")
     assert report.main([str(run_dir), "--compare", str(run_dir)]) == 1
     assert "it is the run itself" in capsys.readouterr().err
 
 
 def test_memory_claims_never_pair_one_memory_stage_with_the_other_modes_verify_figure():
     def mem(modes):
-        return {"workload": {"architecture": records.PUBLISHED_ARCHITECTURE}, "modes": {
+        return {"workload": {"model": records.PUBLISHED_MODEL}, "parameters": {"euler_steps": 10}, "modes": {
             m: {"memory": {"peak_over_idle_driver_mib": p, "session_driver_mib": s, "driver_source": "nvml"}}
             for m, (p, s) in modes.items()}}
     half = {"verify": {"record": mem({"stock": (5000.0, 3616.0), "cadence": (3000.0, 2230.0)})},
             "memory_stock": {"record": mem({"stock": (4800.0, 3616.0)})}}
     m = figures.memory_figures(half)
     assert {x["how"] for x in m.values()} == {"one process, both modes (verify); driver (nvml)"}
-    row = claims.session_table({"workloads": {"w": half}})
-    assert "0.62 of stock (not judged: needs both memory stages)" in row and "(met)" not in row
+    assert claims.per_session("w", half).verdict == "open"
+    peak = claims.memory("w", half)
+    assert (peak.verdict, peak.ours_text) == ("open", "-40.0% (3000 MiB)") and "one process for both modes" in peak.note
     both = dict(half, memory_cadence={"record": mem({"cadence": (2000.0, 1200.0)})})
     assert (figures.memory_figures(both)["cadence"]["peak"], figures.memory_figures(both)["stock"]["peak"]) == (2000.0, 4800.0)
-    assert "0.33 of stock (met)" in claims.session_table({"workloads": {"w": both}})
+    row = claims.per_session("w", both)
+    assert (row.verdict, row.ours_text, row.stock) == ("met", "0.33 of stock (1200 MiB)", 3616.0)
+    peak = claims.memory("w", both)                    # the published configuration: its -38.8% is the bar
+    assert (peak.verdict, peak.published, peak.target) == ("met", -38.8, "<= -38.8% (published)")
 
 
-def test_a_workload_with_no_record_in_the_run_keeps_its_published_figure():
-    table = claims.speedup_table({"workloads": {"minicpmo45": {}, "moshi": {}, "not_registered": {}}})
-    rows = {r.split("|")[1].strip(): r.split("|")[3].strip() for r in table.splitlines()[2:]}
-    assert rows["minicpmo45"] == f"{records.PUBLISHED['speedup_x']:.2f}x"
-    assert rows["moshi"] == rows["not_registered"] == "— (published for MiniCPM-o only)"
-
-
-def test_host_state_table_correlates_each_sample_with_the_tail():
-    def unit(i, tail, op, sm):
-        return {"index": i, "kind": "SPEAK", "measured": True, "tail_ms": tail,
-                "host": {"op_us": op, "cpu_loop_us": 50.0 + (i % 2), "sm_mhz": sm}}
-    ops = [7.2, 10.5, 7.4, 10.8, 7.3, 10.4]
-    stock = [unit(i, 20.0 * op, op, 1980) for i, op in enumerate(ops)]
-    rec = {"modes": {"stock": {"units": stock}, "cadence": {"units": [{"index": 0, "measured": True, "tail_ms": 5.0,
-                                                                        "host": None}]}}}
-    row = claims.host_state_rows(rec, "stock")
-    assert row[0] == "6" and row[1].startswith("8.90 [") and row[2] == "+1.00"
-    assert row[5] == "1980 [1980-1980]" and row[6] == "—"
-    assert claims.host_state_rows(rec, "cadence") is None
-    assert claims.rank_corr([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0) and claims.rank_corr([1, 2], [1, 2]) is None
-    with pytest.raises(ValueError, match=r"x, y: expected two 1-d sequences of one length"):
-        claims.rank_corr([1, 2, 3], [1, 2])
-    data = {"workloads": {"w": {"verify": {"record": rec}}}}
-    assert document.host_state_section(data)[0].startswith("## Host state per unit")
-    stock[2]["host"] = [8.5, 125.0, None]
-    with pytest.raises(ValueError, match=r"^w.verify/run.json: stock unit 2: host: expected an object"):
-        claims.host_state_table(data)
+def test_the_published_figures_stand_beside_minicpmo_at_ten_steps_only():
+    """No published figure or published target beside Step-Audio 2, the 5-step workload or any other."""
+    assert claims.speed("minicpmo45", {}).published_text == "2.85x"
+    assert claims.speed("minicpmo45", {}).target == ">= 2.85x (published)"
+    for name in ("minicpmo45_5step", "stepaudio2_mini", "moshi", "qwen3_omni", "not_registered"):
+        for fn in (claims.speed, claims.memory):
+            row = fn(name, {})
+            assert (row.published, row.published_text) == (None, "—") and "published" not in row.target, (name, fn)
+    assert claims.speed("stepaudio2_mini", {}).target == ">= 3x"
+    assert claims.speed("moshi", {}).target == "faster than stock, clear of the A/A floor"
+    assert claims.memory("minicpmo45", {}).published == -38.8
+    five = {"verify": {"state": {"status": "done"},
+                       "record": {"workload": {"model": records.PUBLISHED_MODEL}, "parameters": {"euler_steps": 5}}}}
+    assert claims.speed("minicpmo45", five).published is None                  # the published model at 5 steps
+    names = ["minicpmo45", "minicpmo45_5step", "stepaudio2_mini", "moshi", "qwen3_omni"]
+    rows = claims.claim_rows({"workloads": {n: {} for n in reversed(names)}})
+    assert [r.workload for r in rows if r.claim == "mean SPEAK vs 1 s"] == ["minicpmo45"]
+    assert [r.workload for r in rows if r.claim == "speed"] == names            # the registry's order
+    assert all(r.verdict == "open" and r.note.startswith("not ") for r in rows)
 
 
 def test_gpu_coverage_names_the_impl_tree_and_head(tmp_path):

@@ -1,4 +1,4 @@
-"""suite.measure (session, verify, env, memory): records, hashes, verdicts, verify, on the fake adapter of
+"""suite.measure (session, env, memory): records, hashes, verdicts, on the fake adapter of
 tests/fakes.py (the session protocol). Expected hashes are computed from the fake decoder, independently of
 the suite."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import fakes
 from fakes import SAMPLES_PER_TOKEN, fake_wave, workload
 from duplexcadence.session import to_pcm16
-from suite.measure import env, memory, session, verify
+from suite.measure import env, memory, session
 from suite.records import RUN_SCHEMA, UnitRecord
 
 RATE = 24000
@@ -194,173 +194,6 @@ def test_dirty_tree_is_invalid(fake_adapter, monkeypatch):
         **real(command, device=device), "git_dirty": True, "git_status": [" M impl/x.py"]})
     res = session.run_workload(workload(turns=3, speak_per_turn=11), "stock", "cpu", progress=False)
     assert res.invalid_codes == ["dirty_tree"]
-
-
-# --- verify ------------------------------------------------------------------------------------------------
-def test_verify_equal(fake_adapter, clean_tree):
-    res = verify.verify(workload(turns=3, speak_per_turn=11), "cpu", progress=False)
-    assert len(fake_adapter.builds) == 1                 # one model instance for both modes
-    assert [c["equal"] for c in res.comparison] == [True] * 33
-    assert res.mismatches == [] and res.verdict == "VALID"
-    assert res.speedup_x == res.stock.metrics["tail_ms_p50"] / res.cadence.metrics["tail_ms_p50"]
-    rec = res.to_dict()
-    for mode in ("stock", "cadence"):                   # counters are numbers for every mode
-        assert all(isinstance(rec["modes"][mode]["session_stats"][k], int) for k in COUNTER_FIELDS)
-
-
-def test_verify_flags_mismatching_unit(fake_adapter):
-    wl = workload(turns=2, speak_per_turn=4)
-    speak = [u.index for u in wl.script.units if u.kind == "SPEAK"]
-    wl.spec["cadence_off_units"] = [speak[5]]
-    res = verify.verify(wl, "cpu", progress=False)
-    assert res.mismatches == [speak[5]]
-    row = next(c for c in res.comparison if c["index"] == speak[5])
-    assert row["detail"].startswith(f"fake: unit {speak[5]}: float32 waveform differs: first differing sample 5")
-    assert all(c["equal"] for c in res.comparison if c["index"] != speak[5])
-    assert res.verdict == "INVALID" and "mismatch" in res.invalid_codes
-    assert any(r.startswith(f"sha256 mismatch at unit {speak[5]}:") for r in res.invalid_reasons)
-    assert res.to_dict()["comparison"]["mismatched_units"] == [speak[5]]
-
-
-def test_verify_stock_only_without_cadence(monkeypatch, clean_tree):
-    fakes.register(monkeypatch, modes=("stock",))
-    res = verify.verify(workload(), "cpu", progress=False)
-    assert res.cadence is None and res.comparison == [] and res.speedup_x is None
-    assert list(res.to_dict()["modes"]) == ["stock"]
-    assert "cadence mode not available" in res.notes[0]
-
-
-def test_verify_stock_only_when_cadence_not_implemented(monkeypatch, clean_tree):
-    mod = fakes.register(monkeypatch)
-    real_new = mod.new_session
-
-    def new_session(model, mode, spec):
-        if mode == "cadence":
-            raise NotImplementedError("arena views not written yet")
-        return real_new(model, mode, spec)
-    mod.new_session = new_session
-    res = verify.verify(workload(), "cpu", progress=False)
-    assert res.cadence is None and "arena views not written yet" in res.notes[0]
-
-
-def test_verify_timing_rounds_alternate_order_and_take_the_median(fake_adapter, clean_tree, monkeypatch):
-    opened = []
-    real_new = fake_adapter.new_session
-    monkeypatch.setattr(fake_adapter, "new_session", lambda model, mode, spec: opened.append(mode) or
-                        real_new(model, mode, spec))
-    res = verify.verify(workload(turns=3, speak_per_turn=11), "cpu", progress=False, rounds=3)
-    assert len(fake_adapter.builds) == 1
-    assert opened == ["stock", "cadence", "cadence", "stock", "stock", "cadence"]
-    assert [r["order"] for r in res.rounds] == [["stock", "cadence"], ["cadence", "stock"], ["stock", "cadence"]]
-    assert all(r["units_compared"] == 33 and r["mismatched_units"] == [] for r in res.rounds)
-    xs = [r["stock_tail_ms_p50"] / r["cadence_tail_ms_p50"] for r in res.rounds]
-    assert res.speedup_x == pytest.approx(float(np.median(xs)))
-    assert res.rounds[0]["stock_tail_ms_p50"] == res.stock.metrics["tail_ms_p50"]
-    assert all(r["host_us_per_op"]["before"] > 0 and r["host_us_per_op"]["after"] > 0 for r in res.rounds)
-    for r in res.rounds:
-        for mode in ("stock", "cadence"):
-            h = r["unit_host_p50"][mode]
-            assert h["host_op_us_p50"] > 0 and h["cpu_loop_us_p50"] > 0 and "sm_mhz_p50" not in h, (r, mode)
-    speak = [u for u in res.cadence.units if u.kind == "SPEAK"]
-    assert all(u.host and u.host["sm_mhz"] is None for u in speak)
-    assert all(u.host is None for u in res.cadence.units if u.kind != "SPEAK")
-    rec = res.to_dict()
-    assert rec["comparison"]["rounds"] == res.rounds and rec["parameters"]["timing_rounds"] == 3
-    assert res.verdict == "VALID"
-
-
-def test_verify_round_two_mismatch_makes_the_record_invalid(fake_adapter, clean_tree, monkeypatch):
-    """A cadence session that differs only when it is not the first one is caught by the later rounds."""
-    wl = workload(turns=2, speak_per_turn=16)
-    speak = [u.index for u in wl.script.units if u.kind == "SPEAK"]
-    cadence = []
-    real_new = fake_adapter.new_session
-
-    def new_session(model, mode, spec):
-        if mode == "cadence":
-            cadence.append(1)
-            model["cadence_off_units"] = {speak[7]} if len(cadence) == 2 else set()
-        return real_new(model, mode, spec)
-    monkeypatch.setattr(fake_adapter, "new_session", new_session)
-    res = verify.verify(wl, "cpu", progress=False, rounds=2)
-    assert res.mismatches == [] and res.rounds[1]["mismatched_units"] == [speak[7]]
-    assert res.verdict == "INVALID" and res.invalid_codes.count("mismatch") == 1
-    i = res.invalid_codes.index("mismatch")
-    assert res.invalid_reasons[i].startswith(f"round 2: sha256 mismatch at unit {speak[7]}: fake: unit")
-
-
-def test_verify_times_no_unit_under_the_profiler(fake_adapter, clean_tree, monkeypatch):
-    """Every timed session runs with profile_units=0; the profile pass exists on CUDA only, after the rounds."""
-    calls = []
-    real = verify.run_session
-    monkeypatch.setattr(verify, "run_session", lambda adapter, model, mode, spec, units, device, **kw:
-                        calls.append((mode, kw.get("profile_units", 0))) or
-                        real(adapter, model, mode, spec, units, device, **kw))
-    res = verify.verify(workload(turns=3, speak_per_turn=11), "cpu", progress=False, rounds=2)
-    assert calls == [("stock", 0), ("cadence", 0), ("cadence", 0), ("stock", 0)]
-    assert res.profile_pass is None and res.to_dict()["comparison"]["profile_pass"] is None
-
-
-def test_attach_kernels_puts_profile_records_on_the_timed_units(fake_adapter, clean_tree):
-    run = session.run_workload(workload(turns=3, speak_per_turn=11), "cadence", "cpu", progress=False)
-    speak = [u for u in run.units if u.kind == "SPEAK"]
-    p50 = run.metrics["tail_ms_p50"]
-    last = {u.index: {"kernel_launches": 7, "graph_launches": 2, "kernels": 40 + i, "kernel_busy_ms": 0.5,
-                      "gpu_busy_ms": 0.6, "wall_ms": 99.0} for i, u in enumerate(speak[-3:])}
-    verify.attach_kernels(run, last)
-    assert [u.kernels for u in speak[-3:]] == list(last.values())
-    assert all(u.kernels is None for u in speak[:-3])
-    m = run.metrics
-    assert m["units_profiled"] == 3 and m["kernels_per_unit_p50"] == 41 and m["tail_ms_p50"] == p50
-    assert m["tail_over_kernel_busy_x"] == pytest.approx(p50 / 0.5)
-    assert m["units_measured"] == sum(u.measured for u in speak)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the profile pass runs on CUDA only")
-def test_cuda_verify_profiles_after_the_timing(fake_adapter, clean_tree):
-    res = verify.verify(workload(turns=3, speak_per_turn=11), "cuda", progress=False, rounds=2)
-    pp = res.profile_pass
-    assert pp["units_compared"] == 33 and pp["mismatched_units"] == []
-    assert len(pp["profiled_units"]["stock"]) == session.PROFILED_SPEAK_UNITS
-    prof = [u for u in res.cadence.units if u.kernels]
-    assert [u.index for u in prof] == pp["profiled_units"]["cadence"] and all(u.measured for u in prof)
-    timed = [u for run in (res.stock, res.cadence) for u in run.units if u.kind == "SPEAK"]
-    assert all(u.host["op_us"] > 0 for u in timed)
-    if env.nvml_handle("cuda")[1] is not None:
-        assert all(isinstance(u.host["sm_mhz"], int) and u.host["sm_mhz"] > 0 for u in timed)
-
-
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "3", True, None])
-def test_verify_rejects_bad_rounds_before_building(fake_adapter, bad):
-    with pytest.raises(ValueError, match=r"rounds: expected an int >= 1, got"):
-        verify.verify(workload(), "cpu", progress=False, rounds=bad)
-    assert fake_adapter.builds == []
-
-
-def test_verify_rounds_without_cadence_say_so(monkeypatch, clean_tree):
-    fakes.register(monkeypatch, modes=("stock",))
-    res = verify.verify(workload(), "cpu", progress=False, rounds=3)
-    assert res.rounds == [] and any("timing rounds: 3 asked, 1 run" in n for n in res.notes)
-
-
-def test_summary_leads_with_the_bytes_and_says_a_cpu_run_is_no_speed_figure(fake_adapter, clean_tree):
-    wl = workload(turns=2, speak_per_turn=4)
-    text = verify.summary_text(verify.verify(wl, "cpu", progress=False).to_dict())
-    lines = text.splitlines()
-    assert lines[0] == "bytes: 8/8 units byte-identical, stock vs cadence (float32 waveform and int16 PCM)"
-    assert lines[1].startswith("speed: not measured: a CPU run checks the pipeline and the bytes")
-    assert "verdict: INVALID" in text and "  - stock: 5 measured SPEAK units < 30 (the whole script)" in lines
-    wl.spec["cadence_off_units"] = [[u.index for u in wl.script.units if u.kind == "SPEAK"][2]]
-    first = verify.summary_text(verify.verify(wl, "cpu", progress=False).to_dict()).splitlines()[0]
-    assert first.startswith("bytes: 7/8 units byte-identical") and "DIFFERING units" in first
-
-
-def test_memory_runs_take_no_host_samples_and_verify_does(fake_adapter, clean_tree):
-    res = session.run_workload(workload(), "stock", "cpu", progress=False)
-    assert all(u.host is None for u in res.units) and "host_op_us_p50" not in res.metrics
-    ver = verify.verify(workload(), "cpu", progress=False)
-    timed = [u for u in ver.stock.units if u.kind == "SPEAK"]
-    assert timed and all(u.host and u.host["op_us"] > 0 for u in timed)
 
 
 # --- env and memory ------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """`make report ARGS=FOLDER`: rebuild results folders' reports from their records alone.
 
     python -m suite.report FOLDER [FOLDER ...] [--compare REF ...]
+    python -m suite.report RUN --publish [--results DIR]
 
-stages.json: the merged report and plots (--compare first records reference runs in it); run.json: its own
-REPORT.md; duplex.json alone: its plots. Every folder is checked before any is written; with none named it
-exits 2 and rewrites nothing (committed reports were rendered by the code of their day).
+stages.json: the merged report, claims.json and plots (--compare first records reference runs in it);
+run.json: its own REPORT.md; duplex.json alone: its plots. --publish: one staged run's report and claims
+also at the fixed paths DIR/REPORT.md and DIR/CLAIMS.json (default results/: the latest complete reference,
+as chosen by whoever publishes). Every folder is checked before any is written; with none named it exits 2
+and rewrites nothing (committed reports were rendered by the code of their day).
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from suite.records import read_duplex
+from suite.records import REPO_ROOT, read_duplex
 from suite.report import document, single
 from suite.report.plots import duplex_plots
 
@@ -74,11 +77,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", action="append", default=None, metavar="REF",
                     help="a reference run folder (repeatable) for a staged reproduction: recorded in its stages.json "
                          "and reported beside it")
+    ap.add_argument("--publish", action="store_true",
+                    help="also write this staged run's report and claims to DIR/REPORT.md and DIR/CLAIMS.json")
+    ap.add_argument("--results", default=str(REPO_ROOT / "results"), metavar="DIR",
+                    help="where --publish writes (default: this checkout's results/)")
     args = ap.parse_args(argv)
     if not args.folders:
         print("error: FOLDER: none given; expected one or more results folders holding stages.json, run.json or "
               "duplex.json, e.g. `make report ARGS=results/<run>` (nothing was rebuilt)", file=sys.stderr)
         return 2
+    if args.publish:
+        if len(args.folders) != 1 or args.compare or not (Path(args.folders[0]) / "stages.json").is_file():
+            print("error: --publish: name one staged run folder (with stages.json), without --compare (nothing was "
+                  "rebuilt)", file=sys.stderr)
+            return 2
+        try:
+            paths = document.publish(args.folders[0], args.results)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"error: {exc} (nothing was rebuilt)", file=sys.stderr)
+            return 1
+        for path in paths:
+            print(f"wrote {path}")
+        return 0
     writers = []
     for folder in args.folders:
         try:

@@ -1,6 +1,6 @@
 """The figures a report gives, from a staged run's records alone (`load`): a verify record's speedup (the
-median of its timing rounds with their min-max; for one round the unit band [stock p10 / cadence p90,
-stock p90 / cadence p10]), memory per mode (the memory stages where both ran, else verify's, labelled),
+median paired ratio with its 95% interval and A/A floor; for older records the median of the timing rounds
+with their min-max, or for one round the unit band), memory per mode (the memory stages where both ran, else verify's, labelled),
 duplex figures per mode (the per-mode records joined: cadence == stock from the one-session runs), labelled
 "oracle" where a cadence figure's graphs came from its own script, and where each stage ran.
 """
@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from suite.records import (DUPLEX_READ_SCHEMAS, DUPLEX_STAGES, family, headline, invalid_codes,
-                           max_zero_miss, overlapping, read_json, read_stages, record_reasons, unpack_units)
+                           max_zero_miss, overlapping, read_json, read_stages, record_reasons, unpack_units,
+                           UNSEEN_SCRIPTS, verify_protocol)
 
 PER_MODE = "one process per mode"
 BOTH_MODES = "one process, both modes (verify)"
@@ -165,7 +166,8 @@ def mode_figures(mode_record: dict, seconds, ar) -> dict:
 def duplex_figures(entries: dict, workload: str | None = None, harnesses=("duplex_stock", "duplex_cadence")) -> dict | None:
     """A workload's duplex figures from the records of these duplex stages (`load`: done, or a failed stage's
     checkpoint), joined by `combine`, or a legacy both-mode `duplex` stage's record when none is there. None
-    without a record. Returns {"modes": {mode: `mode_figures` + "gpu"}, "files", "cadence_equals_stock"
+    without a record. Returns {"modes": {mode: `mode_figures` + "gpu" + "unseen" (every session on a script of
+    its own: suite.records.UNSEEN_SCRIPTS)}, "files", "cadence_equals_stock"
     (None unless both modes), "error", "marks": mode -> what a reader must know of its record (`duplex_mark`)}."""
     parts, marks = [], {}
     for h in harnesses:
@@ -185,13 +187,15 @@ def duplex_figures(entries: dict, workload: str | None = None, harnesses=("duple
         return {"modes": {}, "files": files, "cadence_equals_stock": None,
                 "error": f"the duplex records cannot be joined: {exc}", "marks": marks}
     w = record["workloads"].get(workload) or next(iter(record["workloads"].values()))
-    gpus = {}
+    gpus, scripts = {}, {}
     for p in parts:
         pw = p["record"]["workloads"]
         for m in (pw.get(workload) or next(iter(pw.values()))).get("modes", {}):
             gpus[m] = gpu_name(p["record"])
+            scripts[m] = (p["record"].get("parameters") or {}).get("scripts")
     seconds = record.get("parameters", {}).get("seconds")
-    modes = {mode: {**mode_figures(m, seconds, w.get("ar")), "gpu": gpus.get(mode)}
+    modes = {mode: {**mode_figures(m, seconds, w.get("ar")), "gpu": gpus.get(mode),
+                    "unseen": scripts.get(mode) == UNSEEN_SCRIPTS}
              for mode, m in w.get("modes", {}).items()}
     return {"modes": modes, "files": files, "cadence_equals_stock": w.get("cadence_equals_stock"), "error": None,
             "marks": marks}
@@ -294,21 +298,40 @@ def profiled_before_rounds(record: dict | None) -> bool:
 
 
 def speedup(record: dict | None) -> dict | None:
-    """{x, lo, hi, band, stock, cadence, units, host}: None without both modes measured (module docstring).
-    stock, cadence: (p10, p50, p90) tail ms of round 1; host: (min, max) of the rounds' host probes in
-    microseconds per eager op, or None."""
+    """A verify record's speedup, None without both modes measured:
+    {x, lo, hi, protocol, band, stock_ms, cadence_ms, units, floor, clears_floor, states, processes}.
+    protocol "paired" (suite.records.paired: x the median paired ratio, [lo, hi] its 95% interval, floor
+    the A/A run's (x, lo, hi) or None, states {name: (x, lo, hi, pairs)}); "rounds" (older records: the
+    median of the timing rounds, [lo, hi] their min-max; no floor); "units" (one round: [stock p10 / cadence
+    p90, stock p90 / cadence p10]). stock_ms, cadence_ms: the p50 tail times (pooled, or round 1's)."""
+    if verify_protocol(record) == "paired":
+        paired = record.get("paired") or {}
+        sp, fl = paired.get("speedup") or {}, paired.get("floor") or {}
+        if sp.get("speedup") is None:
+            return None
+        ms = {m: (record["modes"].get(m) or {}).get("metrics") or {} for m in ("stock", "cadence")}
+        return {"x": sp["speedup"], "lo": sp["ci_low"], "hi": sp["ci_high"], "protocol": "paired",
+                "band": f"95% interval, {sp['processes']} processes x {sp['pairs']} pairs",
+                "stock_ms": sp.get("a_ms_median"), "cadence_ms": sp.get("b_ms_median"), "units": sp["pairs"],
+                "processes": sp["processes"], "flags": list(sp.get("flags") or []),
+                "floor": (fl["speedup"], fl["ci_low"], fl["ci_high"]) if fl.get("speedup") is not None else None,
+                "clears_floor": paired.get("clears_floor"),
+                "states": {k: (v["speedup"], v["ci_low"], v["ci_high"], v["pairs"])
+                           for k, v in (sp.get("states") or {}).items() if v.get("speedup") is not None},
+                "kernel_launches": tuple(ms[m].get("kernel_launches_per_unit_p50") for m in ("stock", "cadence"))}
     s, c = spread(measured_tails(record, "stock")), spread(measured_tails(record, "cadence"))
     if s is None or c is None:
         return None
-    out = {"x": s[1] / c[1], "lo": s[0] / c[2], "hi": s[2] / c[0], "band": "units", "stock": s, "cadence": c,
-           "units": int(measured_tails(record, "cadence").size), "host": None}
+    out = {"x": s[1] / c[1], "lo": s[0] / c[2], "hi": s[2] / c[0], "protocol": "units", "band": "unit band",
+           "stock_ms": s[1], "cadence_ms": c[1], "units": int(measured_tails(record, "cadence").size),
+           "processes": 1, "flags": [], "floor": None, "clears_floor": None, "states": {},
+           "kernel_launches": tuple(record["modes"][m]["metrics"].get("kernel_launches_per_unit_p50")
+                                    for m in ("stock", "cadence"))}
     rounds = timing_rounds(record)
-    probes = [v for r in rounds for v in (r.get("host_us_per_op") or {}).values() if isinstance(v, (int, float))]
-    if probes:
-        out["host"] = (min(probes), max(probes))
     if len(rounds) >= 2:
         xs = [float(r["speedup_x"]) for r in rounds]
-        out.update(x=float(np.median(xs)), lo=min(xs), hi=max(xs), band=f"{len(xs)} rounds")
+        out.update(x=float(np.median(xs)), lo=min(xs), hi=max(xs), protocol="rounds",
+                   band=f"min-max of {len(xs)} rounds in one process")
         if profiled_before_rounds(record):
             out["band"] += "; rounds 2+ timed after the profiler"
     return out

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from suite.records import PUBLISHED, device_short_name, headline, read_json
-from suite.report.text import DASH, fmt, pct_change, table
+from suite.records import PUBLISHED, device_short_name, headline, published_for, read_json
+from suite.report.text import DASH, fmt, interval, pct_change, table
 
 
 def write(folder: Path) -> Path:
@@ -72,6 +72,9 @@ def summary(record: dict) -> str:
 
 
 def published_vs_ours(record: dict) -> str:
+    """The published figures beside ours, for the configuration they were measured on only."""
+    if not published_for(record.get("workload"), record["parameters"].get("euler_steps")):
+        return "None for this workload: the paper published figures for MiniCPM-o 4.5 at 10 Euler steps only."
     modes = record["modes"]
     stock, cadence = modes.get("stock"), modes.get("cadence")
     comp = record.get("comparison") or {}
@@ -83,7 +86,7 @@ def published_vs_ours(record: dict) -> str:
     c_pct = cadence["metrics"].get("tail_vs_period_pct_p50") if cadence else None
     rows = [
         ["speedup (stock / cadence, median)", f"{PUBLISHED['speedup_x']:.2f}x",
-         DASH if ours_speed is None else f"{ours_speed:.2f}x"],
+         DASH if ours_speed is None else interval(ours_speed, comp.get("ci_low"), comp.get("ci_high"))],
         ["peak memory, cadence vs stock", f"{PUBLISHED['peak_memory_change_pct']:+.1f}%",
          DASH if ours_mem is None else f"{ours_mem:+.1f}%"],
         ["SPEAK time vs 1 s cadence: stock -> cadence",
@@ -93,11 +96,42 @@ def published_vs_ours(record: dict) -> str:
     return table(rows, ["figure", "published (H200)", f"ours ({record.get('device')})"])
 
 
+def paired_summary(record: dict) -> list[str]:
+    """A paired verify's figures: the speedup with its interval, per host state, the A/A floor, and a line
+    per process ([] for an older record)."""
+    paired = record.get("paired")
+    if not paired:
+        return []
+    sp, fl = paired.get("speedup") or {}, paired.get("floor") or {}
+    lines = ["## Paired speedup", "",
+             f"- speedup (median stock / cadence per pair): {interval(sp.get('speedup'), sp.get('ci_low'), sp.get('ci_high'), '.3f')}"
+             f", {sp.get('processes')} processes, {sp.get('pairs')} measured pairs" + "".join(f"; {f}" for f in sp.get("flags") or [])]
+    lines += [f"- {name} host ({fmt(st.get('probe_median'), '.2f')} us per launch): "
+              f"{interval(st['speedup'], st['ci_low'], st['ci_high'], '.3f')}, {st['pairs']} pairs"
+              for name, st in (sp.get("states") or {}).items()]
+    if fl.get("speedup") is not None:
+        lines.append(f"- A/A floor (stock / stock): {interval(fl['speedup'], fl['ci_low'], fl['ci_high'], '.3f')}, "
+                     f"{fl['pairs']} pairs; the speedup {'clears' if paired.get('clears_floor') else 'does not clear'} it")
+    for p in paired.get("processes") or []:
+        sec = p.get("seconds") or {}
+        lines.append(f"- process {p['index']} (pid {p.get('pid')}): {p.get('measured_pairs')} measured pairs, "
+                     f"set-up {fmt(sec.get('set_up'))} s, A/A {fmt(sec.get('aa'))} s, A/B {fmt(sec.get('ab'))} s; "
+                     f"DuplexCadence first occurrences {p.get('cadence_eager_first')} (captured after: "
+                     f"{p.get('cadence_captured_after')})" + ("; A/A second session on a model copy" if p.get("aa_copy") else "")
+                     + ("; profiled its last units" if p.get("profiled") else ""))
+    return lines + [""]
+
+
 def per_unit(record: dict) -> str:
     modes = record["modes"]
     names = list(modes)
     by_mode = {m: {u["index"]: u for u in modes[m]["units"]} for m in names}
-    equal = {c["index"]: c["equal"] for c in (record.get("comparison") or {}).get("units", [])}
+    comp = record.get("comparison") or {}
+    equal = {c["index"]: c["equal"] for c in comp.get("units", [])}
+    if comp.get("protocol") == "paired" and len(names) > 1:      # the first walk of process 1, by its hashes
+        a, b = by_mode[names[0]], by_mode[names[1]]
+        equal = {i: (a[i].get("sha256_f32"), a[i].get("sha256_pcm16")) == (b[i].get("sha256_f32"), b[i].get("sha256_pcm16"))
+                 for i in a if i in b}
     rows = []
     for u in modes[names[0]]["units"]:
         i = u["index"]
@@ -147,6 +181,8 @@ def kernels_table(record: dict) -> str:
 def memory_table(record: dict) -> str:
     modes = record["modes"]
     keys = sorted({k for run in modes.values() for k in run["memory"]})
+    if not keys:
+        return "Not measured in this run (the memory stages measure it, one process per mode)."
     rows = [[k] + [fmt(run["memory"].get(k)) for run in modes.values()] for k in keys]
     return table(rows, ["memory"] + list(modes))
 
@@ -178,7 +214,7 @@ def render(record: dict) -> str:
     parts += [f"- note: {n}" for n in record.get("notes", [])]
     comp = record.get("comparison")
     if comp:
-        n_eq = comp["units_compared"] - len(comp["mismatched_units"])
+        n_eq = comp["units_compared"] - len(comp.get("mismatches") or comp["mismatched_units"])
         parts += ["", f"Bit-exactness: {n_eq}/{comp['units_compared']} SPEAK units byte-identical "
                       f"(float32 waveform and int16 PCM)"
                   + (f"; differing units: {comp['mismatched_units']}" if comp["mismatched_units"] else ".")]
@@ -190,6 +226,7 @@ def render(record: dict) -> str:
               f"warm-up units). Tail time is the whole `speak()` call (CUDA events + synchronize on CUDA, "
               f"perf_counter on CPU); RTF = tail time / audio time.", "",
               summary(record), "",
+              *paired_summary(record),
               "### Published figures beside ours", "",
               published_vs_ours(record), "",
               "Published figures are one H200 with the released weights and include the whole SPEAK unit; "

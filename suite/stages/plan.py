@@ -1,12 +1,13 @@
 """The plan of a reproduction: which stages there are, what each may take, the command each runs.
 
 A stage is one harness on one workload (`<workload>.<harness>`), a process of its own with a time budget:
-`verify` (`python -m suite.measure.stage verify`: stock then cadence on one model instance, timing rounds,
-every unit compared), `memory_stock` / `memory_cadence` (`suite.measure.stage mode`: one mode in a fresh
-process), `duplex_stock` / `duplex_cadence` (`python -m suite.measure.duplex`: the search for the largest
-session count with zero misses from DUPLEX_SESSIONS' start counts, 60 s of every session's own script per
-count, within the stage's budget less DUPLEX_MARGIN_S), `duplex_oracle` (cadence with `--prepare oracle`; no
-default plan has it). A stage that cannot run here is skipped with its reason, checked again every sitting.
+`verify` (`python -m suite.measure.stage verify`: stock against DuplexCadence paired over fresh processes,
+every unit compared; VERIFY_PROTOCOL), `memory_stock` / `memory_cadence` (`suite.measure.stage mode`: one
+mode in a fresh process), `duplex_stock` / `duplex_cadence` (`python -m suite.measure.duplex`: the search for
+the largest session count with zero misses from DUPLEX_SESSIONS' start counts, 60 s of every session's own
+script per count, within the stage's budget less DUPLEX_MARGIN_S), `duplex_oracle` (cadence with `--prepare
+oracle`; no default plan has it). A stage that cannot run here is skipped with its reason, checked again every
+sitting. A verify stage's expected time comes from VERIFY_COST_S and its protocol (`verify_estimate_s`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import workloads
 from duplexcadence import runtime
 from suite.records import HARNESS_MODE, HARNESSES, OPTIONAL_HARNESSES, TIMED_HARNESSES, family
+from suite.records.paired import Protocol
 
 #: Per-stage time budget in seconds (the stage's process is killed past it), by device type. A duplex
 #: stage fills a 10-minute command of a lent GPU (560 s); CPU: 2 cores, the released config, 4 units.
@@ -27,9 +29,26 @@ BUDGET_S = {
     "cpu": {"verify": 1800, "memory_stock": 1200, "memory_cadence": 1200, "duplex_stock": 1800,
             "duplex_cadence": 1800, "duplex_oracle": 1800},
 }
-#: Timing rounds of a verify stage by device type (each further round a fresh session per mode).
-VERIFY_ROUNDS = {"cuda": 3, "cpu": 1}
+#: The paired verify's protocol by device type: suite.records.paired.Protocol's fields that differ from its
+#: defaults. CPU: one process, no A/A run, no priming (a check of the pipeline and the bytes, not of speed).
+VERIFY_PROTOCOL = {"cuda": {}, "cpu": {"processes": 1, "aa_speak_units": 0, "prime_speak_units": 0}}
+#: What a verify process costs on an H200, per workload: "set_up" s (imports, model build, the DuplexCadence
+#: session's prepare(None), the priming units: a memory stage's seconds less its units' wall time, and the
+#: first units' excess), "stock" / "cadence" s per decoded unit (mean wall time of the verify stages' units
+#: after their warm-up). The set-ups of a stage's processes run at once.
+VERIFY_COST_S = {
+    "minicpmo45": {"set_up": 25.0, "stock": 0.30, "cadence": 0.11},
+    "minicpmo45_5step": {"set_up": 22.0, "stock": 0.21, "cadence": 0.075},
+    "stepaudio2_mini": {"set_up": 19.0, "stock": 0.195, "cadence": 0.105},
+    "moshi": {"set_up": 16.0, "stock": 0.16, "cadence": 0.022},
+    "qwen3_omni": {"set_up": 27.0, "stock": 0.022, "cadence": 0.011},
+}
+SET_UP_CONTENTION = 1.3        # N set-ups at once take the slowest one's time times this (a guess: not measured)
+PROFILED_UNIT_X = 5.0          # a unit under the profiler takes this many times its timed wall time ...
+PROFILED_UNIT_S = 0.3          # ... plus this (the trace's export and parse)
+VERIFY_FIXED_S = 5.0           # the stage's own process: imports, pooling the processes, the record
 ESTIMATE_MARGIN = 1.5          # a stage is expected to take up to 1.5x its family's slowest done stage
+VERIFY_MARGIN = 1.1            # a verify stage up to 1.1x its estimate from VERIFY_COST_S
 DUPLEX_SECONDS = 60            # per session count: zero misses are claimed over 60 s
 #: Seconds of a duplex stage's budget kept outside its search: building the model, the process warm-up, the
 #: last count's references and record. The search gets the rest (`--budget-s`) and stops with its bracket.
@@ -46,6 +65,7 @@ class Stage:
     harness: str
     budget_s: float
     skip: str | None = None
+    expected_s: float | None = None     # a verify stage's estimate (verify_estimate_s), None: none
 
     @property
     def name(self) -> str:
@@ -77,9 +97,10 @@ def skip_reason(workload, harness: str) -> str | None:
 
 
 def plan(workload_names: list[str], harnesses: list[str], device_type: str, *,
-         stage_budget_s: float | None = None) -> list[Stage]:
-    """The stages for these workloads x harnesses, workload-major, each with its budget and skip reason.
-    Raises KeyError for an unknown workload, ValueError for an unknown harness or device type."""
+         stage_budget_s: float | None = None, options: dict | None = None) -> list[Stage]:
+    """The stages for these workloads x harnesses, workload-major, each with its budget, skip reason and (a
+    verify stage on CUDA) its expected seconds under the run's options (`verify_protocol`). Raises KeyError
+    for an unknown workload, ValueError for an unknown harness or device type."""
     bad = [h for h in harnesses if h not in HARNESSES]
     if bad:
         raise ValueError(f"harness {bad}: expected some of {list(HARNESSES)}")
@@ -90,8 +111,45 @@ def plan(workload_names: list[str], harnesses: list[str], device_type: str, *,
         wl = workloads.get(name)
         for h in harnesses:
             budget = stage_budget_s if stage_budget_s is not None else BUDGET_S[device_type][h]
-            out.append(Stage(name, h, float(budget), skip_reason(wl, h)))
+            expected = (verify_estimate_s(wl, device_type, options or {}) if h == "verify" else None)
+            out.append(Stage(name, h, float(budget), skip_reason(wl, h), expected))
     return out
+
+
+def verify_protocol(options: dict, device_type: str) -> Protocol:
+    """A verify stage's protocol: VERIFY_PROTOCOL's for the device type, then the run's `processes` and
+    `passes` where it sets them. Raises ValueError for a count out of range."""
+    chosen = {**VERIFY_PROTOCOL[device_type],
+              **{k: options[k] for k in ("processes", "passes") if options.get(k) is not None}}
+    return Protocol(**chosen)
+
+
+def verify_estimate_s(workload, device_type: str, options: dict) -> float | None:
+    """Seconds a verify stage of `workload` is expected to take on an H200 (VERIFY_COST_S; None for a CPU
+    run or a workload without costs): the processes' set-ups at once, then each process's A/A and A/B runs
+    in turn (stock and cadence per decoded unit of the script, cut as the options cut it), the profiled
+    units, and the stage's own process."""
+    cost = VERIFY_COST_S.get(workload.name)
+    if device_type != "cuda" or cost is None:
+        return None
+    p = verify_protocol(options, device_type)
+    script = workload.session_script()
+    if options.get("max_speak_units"):
+        script = script.select(options["max_speak_units"], min_turns=2)
+    units = [u for u in script.units if options.get("seconds") is None or u.t_start_s < options["seconds"]]
+    decoded = [u for u in units if u.kind == "SPEAK" or u.payload is not None]
+    speak = sum(u.kind == "SPEAK" for u in units)
+    aa, seen = 0, 0
+    for u in decoded:
+        if seen == p.aa_speak_units:
+            break
+        aa += 1
+        seen += u.kind == "SPEAK"
+    pair = cost["stock"] + cost["cadence"]
+    per_process = 2 * cost["stock"] * aa + p.passes * len(decoded) * pair
+    profiled = min(p.profiled_speak_units, speak) * (pair * (PROFILED_UNIT_X - 1) + PROFILED_UNIT_S)
+    set_up = cost["set_up"] * (SET_UP_CONTENTION if p.processes > 1 else 1.0)
+    return set_up + p.processes * per_process + profiled + VERIFY_FIXED_S
 
 
 def select(stages: list[Stage], patterns: list[str] | None) -> list[Stage]:
@@ -115,9 +173,11 @@ def select(stages: list[Stage], patterns: list[str] | None) -> list[Stage]:
 
 
 def estimate_s(stage: Stage, stages: dict) -> float:
-    """Seconds this stage is expected to need: ESTIMATE_MARGIN x the slowest done stage of its harness
-    family in this run (legacy entries left out), capped at its budget; its budget when none is done.
-    stages: name -> StageState."""
+    """Seconds this stage is expected to need, capped at its budget: a stage with `expected_s` (verify on
+    CUDA) VERIFY_MARGIN x that; else ESTIMATE_MARGIN x the slowest done stage of its harness family in this
+    run (legacy entries left out); its budget when none is done. stages: name -> StageState."""
+    if stage.expected_s is not None:
+        return min(stage.budget_s, VERIFY_MARGIN * stage.expected_s)
     seen = [st.seconds for st in stages.values()
             if st.status == "done" and st.seconds is not None and st.harness in HARNESSES
             and family(st.harness) == family(stage.harness)]
@@ -145,8 +205,9 @@ def stage_argv(stage: Stage, out_dir: str, options: dict) -> list[str]:
     if stage.mode:
         argv += ["--mode", stage.mode]
     else:
-        rounds = options.get("rounds") or VERIFY_ROUNDS["cuda" if options["device"].startswith("cuda") else "cpu"]
-        argv += ["--rounds", str(rounds)]
+        p = verify_protocol(options, "cuda" if options["device"].startswith("cuda") else "cpu")
+        argv += ["--processes", str(p.processes), "--passes", str(p.passes), "--warmup-pairs", str(p.warmup_pairs),
+                 "--aa-units", str(p.aa_speak_units), "--prime-units", str(p.prime_speak_units)]
     for key in ("steps", "seconds", "max_speak_units", "seed"):
         if options.get(key) is not None:
             argv += [f"--{key.replace('_', '-')}", str(options[key])]

@@ -28,8 +28,8 @@ def subprocess_executor(stage: Stage, out_dir: Path, timeout_s: float, options: 
 
 
 def read_verdict(out_dir: Path, st: StageState) -> None:
-    """The stage record's verdict, invalid reasons and codes, what differs, the units compared and the GPU
-    it ran on, into st (None and [] where there is no record). verify, memory: run.json; duplex: duplex.json,
+    """The stage record's verdict, invalid reasons and codes, what differs, the units compared (a paired
+    record: the script's units, each in every process and pass) and the GPU it ran on, into st (None and [] where there is no record). verify, memory: run.json; duplex: duplex.json,
     complete (VALID / INVALID) or a checkpoint (PARTIAL, with its runs' reasons so far)."""
     st.verdict, st.invalid_reasons, st.invalid_codes, st.mismatched_units = None, [], [], []
     st.units_compared = None
@@ -48,7 +48,7 @@ def read_verdict(out_dir: Path, st: StageState) -> None:
         st.invalid_codes = list(rec.get("invalid_codes", []))
         comp = rec.get("comparison") or {}
         st.mismatched_units = list(comp.get("mismatched_units", []))
-        st.units_compared = comp.get("units_compared")
+        st.units_compared = comp.get("script_units_compared", comp.get("units_compared"))
     st.verdict = rec.get("verdict")
     st.gpu_name = ((rec.get("provenance") or {}).get("device") or {}).get("gpu_name") or "cpu"
 

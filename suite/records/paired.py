@@ -1,22 +1,20 @@
-"""Paired measurement: two sessions of one model instance walk one session script, unit by unit, in
-A B B A blocks, and the speedup is the median of the per-pair ratios over several processes.
+"""The paired verify's statistics: what a speedup, its interval, its host states, the A/A noise floor and
+the reproducibility bar are, computed from the pairs a verify record holds (numpy only, no torch).
 
-A run of stock (A) against DuplexCadence (B), or of stock against a second stock session (an A/A run, the
-noise floor), is `run_pairs` once per fresh process; `summarise` pools the processes. Why pairs: the stock
-tails are host-bound and a lent host changes speed in blocks of seconds (docs/measurement.md), so timing
-all of A and then all of B lets the host's states fall on one arm more than the other. Alternating short
-blocks (A B, B A, A B, ...) puts both arms of a pair in the same few hundred milliseconds, and a pair's
-ratio a_ms / b_ms carries little of the host's state; what is left shows up between processes, so the
-interval comes from a bootstrap over processes and then over pairs within each.
-
-Pure host code (numpy only): sessions, the timer and the host probe are passed in, so the measure layer
-gives CUDA-event timing and tests give fake clocks.
+A paired run (suite.measure.paired.run_pairs, once per fresh process) walks one session script with two
+sessions of one model instance, unit by unit, in A B B A blocks: stock (A) against DuplexCadence (B), or
+stock against a second stock session (an A/A run, the noise floor). Each unit both ran is a `Pair`;
+`summarise` pools the processes: the speedup is the median of the per-pair ratios a_ms / b_ms, its 95%
+interval a hierarchical bootstrap over processes and then pairs within each (processes differ by a few
+percent on a lent host, pairs within one process much less), per host state where the probe readings
+show two. `reproduces` is the bar a second run must meet; it reads summaries only, so the report judges
+two runs from their records alone.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -35,12 +33,18 @@ class Pair:
     """One unit of the script, run by both sessions.
 
     index: the script unit's index; kind: "SPEAK", or "LISTEN" for a listening unit that carries a payload
-    (decoded as the runner does, never measured); a_ms / b_ms: each session's time for the unit from
-    `timer` (ms); order: "ab" (A spoke it first) or "ba"; block: the number of the block pair (A B or B A)
-    the unit was in; equal: A's and B's float32 and int16 bytes equal (UnitOutput.sha256); sha256_a /
-    sha256_b: those hashes; measured: counted by `summarise` (a SPEAK unit after the warm-up);
-    probe_before / probe_between / probe_after: the host probe read before the first session's block,
-    between the two blocks and after the second (None without a probe)."""
+    (decoded as the runner does, never measured); a_ms / b_ms: each session's time for the unit (ms: the
+    timer's, or the wall time under the profiler for a profiled unit); order: "ab" (A spoke it first) or
+    "ba"; block: the number of the block pair (A B or B A) the unit was in; equal: A's and B's float32 and
+    int16 bytes equal (UnitOutput.sha256); sha256_a / sha256_b: those hashes; measured: counted by
+    `summarise` (a SPEAK unit after the warm-up, not profiled); probe_before / probe_between / probe_after:
+    the host probe read before the first session's block, between the two blocks and after the second (None
+    without a probe). walk: which pass over the script (0 first); samples: A's audio samples @ 24 kHz.
+    Graph counters of each session, from its `stats()` around the unit: a_eager / b_eager: steps that ran
+    eagerly inside the timed call because their signature had no graph (first occurrences); a_captures /
+    b_captures: graphs captured inside the timed call (never allowed); a_captured / b_captured: graphs
+    captured right after it, outside the timer (`prepare` of the unit's signatures). profiled: run under
+    the CUDA profiler instead of timed; a_kernels / b_kernels: its kernel records (suite.measure.kernels)."""
     index: int
     kind: str
     a_ms: float
@@ -54,6 +58,17 @@ class Pair:
     probe_before: float | None = None
     probe_between: float | None = None
     probe_after: float | None = None
+    walk: int = 0
+    samples: int = 0
+    a_eager: int = 0
+    b_eager: int = 0
+    a_captures: int = 0
+    b_captures: int = 0
+    a_captured: int = 0
+    b_captured: int = 0
+    profiled: bool = False
+    a_kernels: dict | None = None
+    b_kernels: dict | None = None
 
     @property
     def ratio(self) -> float:
@@ -64,118 +79,86 @@ class Pair:
     def probes(self) -> list[float]:
         return [p for p in (self.probe_before, self.probe_between, self.probe_after) if p is not None]
 
+    def to_dict(self) -> dict:
+        return asdict(self)
 
-# --- running ------------------------------------------------------------------------------------------
-def _count(name: str, value, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise ValueError(f"{name}: expected an int >= {least}, got {value!r}")
-    return int(value)
-
-
-def _finite(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float, np.floating)) and math.isfinite(value)
-
-
-class _Walker:
-    """One session's walk over the script, as the runner walks it: `start_turn()` before the first SPEAK
-    unit of a turn, `speak(payload, final=unit.final)` for a SPEAK unit, `speak(payload, final=False)` for a
-    LISTEN unit that carries a payload (Moshi decodes every frame), nothing for a LISTEN unit without one."""
-
-    def __init__(self, name: str, session, timer: Callable):
-        self.name, self.session, self.timer = name, session, timer
-        self.open_turn = None
-
-    def walk(self, segment: list) -> list[tuple]:
-        """[(unit, UnitOutput, ms)] for the units of `segment` that ran."""
-        done = []
-        for unit in segment:
-            speak = unit.kind == "SPEAK"
-            if not speak and unit.payload is None:
-                continue
-            if speak and unit.turn != self.open_turn:
-                self.session.start_turn()
-                self.open_turn = unit.turn
-            final = bool(speak and unit.final)
-            timed = self.timer(self.session.speak, unit.payload, final=final)
-            out, ms = timed[0], timed[1]
-            if not (_finite(ms) and ms > 0):
-                raise ValueError(f"timer: expected a positive finite time in ms for unit {unit.index} of "
-                                 f"session {self.name}, got {ms!r}")
-            if final:
-                self.open_turn = None
-            done.append((unit, out, float(ms)))
-        return done
+    @classmethod
+    def from_dict(cls, data: dict) -> "Pair":
+        """A Pair from `to_dict()`'s output (or a record's row of it): hashes back to tuples, unknown keys
+        left out. Raises KeyError for a missing field without a default."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in known}
+        for key in ("sha256_a", "sha256_b"):
+            kw[key] = tuple(kw[key])
+        return cls(**kw)
 
 
-def _segments(units: list, block: int) -> list[list]:
-    """The script cut into consecutive segments of `block` SPEAK units each (a segment ends right after its
-    block-th SPEAK unit; LISTEN units go with the SPEAK unit after them; what trails the last one is a last
-    segment of its own)."""
-    out, cur, n = [], [], 0
-    for unit in units:
-        cur.append(unit)
-        n += unit.kind == "SPEAK"
-        if n == block:
-            out.append(cur)
-            cur, n = [], 0
-    if cur:
-        out.append(cur)
+@dataclass(frozen=True)
+class Protocol:
+    """How a paired verify ran (its record's `paired.protocol`; suite.measure.verify_process says what each
+    part does). processes: fresh processes, each building the model once; passes: walks of the script in
+    the A/B run; warmup_pairs: with one pass, its first SPEAK pairs, run and hashed but not measured (with
+    two or more passes the whole first pass is the warm-up: `warmup_for`); aa_speak_units: the
+    SPEAK units of the A/A run (0: none), aa_warmup_pairs its first unmeasured ones; prime_speak_units: SPEAK
+    units a throwaway stock session speaks at set-up (untimed); profiled_speak_units: the A/B walk's last
+    SPEAK units under the CUDA profiler in the last process (not measured); block: SPEAK units per block.
+    Raises ValueError for a count that is not an int in range."""
+    processes: int = MIN_PROCESSES
+    passes: int = 1
+    warmup_pairs: int = 4
+    aa_speak_units: int = 10
+    aa_warmup_pairs: int = 3
+    prime_speak_units: int = 2
+    profiled_speak_units: int = 5
+    block: int = 1
+
+    def __post_init__(self):
+        for f in fields(self):
+            least = 1 if f.name in ("processes", "passes", "block") else 0
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{f.name}: expected an int >= {least}, got {value!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def warmup_for(self, speak_units: int) -> int:
+        """The A/B run's unmeasured SPEAK pairs for a script of `speak_units` SPEAK units."""
+        return self.warmup_pairs if self.passes == 1 else speak_units
+
+
+#: The columns of a pairs table holding a (float32, int16) sha256 pair, stored as positions in its `hashes`.
+HASH_COLUMNS = ("sha256_a", "sha256_b")
+
+
+def pack_pairs(rows: list[dict]) -> dict:
+    """Rows of pairs (Pair.to_dict() plus keys such as process and run) as one table: {"columns", "rows",
+    "hashes"}, keys once, each distinct sha256 once (HASH_COLUMNS hold [f32 position, int16 position])."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    where: dict[str, int] = {}
+
+    def pos(h: str) -> int:
+        return where.setdefault(h, len(where))
+    table = [[[pos(h) for h in r[c]] if c in HASH_COLUMNS and r.get(c) is not None else r.get(c) for c in cols]
+             for r in rows]
+    return {"columns": cols, "rows": table, "hashes": list(where)}
+
+
+def unpack_pairs(table: dict) -> list[dict]:
+    """`pack_pairs`' table back to rows. Raises ValueError for a table not shaped so."""
+    try:
+        cols, rows, hashes = table["columns"], table["rows"], table["hashes"]
+        out = []
+        for r in rows:
+            row = dict(zip(cols, r, strict=True))
+            for c in HASH_COLUMNS:
+                if row.get(c) is not None:
+                    row[c] = tuple(hashes[i] for i in row[c])
+            out.append(row)
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise ValueError(f"pairs: expected a table {{'columns', 'rows', 'hashes'}} as pack_pairs writes it "
+                         f"({type(exc).__name__}: {exc})") from None
     return out
-
-
-def _read(probe) -> float | None:
-    if probe is None:
-        return None
-    value = probe()
-    if not _finite(value):
-        raise ValueError(f"probe: expected a finite number, got {value!r}")
-    return float(value)
-
-
-def run_pairs(a, b, units: Iterable, *, timer: Callable, probe: Callable | None = None, block: int = 1,
-              warmup: int = 0) -> list[Pair]:
-    """Walk the script `units` (workloads.common.Unit: index, kind "LISTEN" | "SPEAK", turn, final, payload)
-    with sessions `a` and `b` (duplexcadence.session.Session; two sessions of one model instance: stock and
-    DuplexCadence, or two stock sessions for an A/A run), alternating blocks of `block` SPEAK units:
-    A B, B A, A B, ... (blocks A B B A A B B A ...). Within a block one session runs its units in order;
-    then the other runs the same units with the same payload objects. Every unit of both is hashed.
-
-    timer(fn, *args, **kwargs): calls fn once and returns a tuple whose first two items are fn's result and
-    its time in ms (more items are ignored, e.g. a wall time): CUDA events in the measure layer, a fake
-    clock in tests. probe(): a number describing the host's speed now, higher = slower (e.g. microseconds
-    per tiny kernel launch), read before, between and after each block pair. warmup: the first `warmup`
-    SPEAK units are run and hashed but not measured. Returns one Pair per unit that ran, in script order.
-
-    Raises ValueError for `a is b`, a block or warmup that is not an int >= 1 / >= 0, a unit kind other
-    than LISTEN / SPEAK, a timer time that is not a positive finite number, or a probe value that is not
-    finite; what the sessions raise (duplexcadence.errors.InputError) propagates."""
-    if a is b:
-        raise ValueError("a and b: expected two sessions (an A/A run opens a second stock session), got one "
-                         "object twice")
-    block, warmup = _count("block", block, 1), _count("warmup", warmup, 0)
-    units = list(units)
-    for unit in units:
-        if unit.kind not in ("LISTEN", "SPEAK"):
-            raise ValueError(f"unit {unit.index}: kind {unit.kind!r}, expected 'LISTEN' or 'SPEAK'")
-    walkers = {"a": _Walker("a", a, timer), "b": _Walker("b", b, timer)}
-    pairs, n_speak = [], 0
-    for g, segment in enumerate(_segments(units, block)):
-        order = "ab" if g % 2 == 0 else "ba"
-        before = _read(probe)
-        first = walkers[order[0]].walk(segment)
-        between = _read(probe)
-        second = walkers[order[1]].walk(segment)
-        after = _read(probe)
-        runs = {order[0]: first, order[1]: second}
-        for (unit, out_a, ms_a), (_, out_b, ms_b) in zip(runs["a"], runs["b"]):
-            speak = unit.kind == "SPEAK"
-            ha, hb = tuple(out_a.sha256()), tuple(out_b.sha256())
-            pairs.append(Pair(index=int(unit.index), kind=unit.kind, a_ms=ms_a, b_ms=ms_b, order=order,
-                              block=g, equal=ha == hb, sha256_a=ha, sha256_b=hb,
-                              measured=speak and n_speak >= warmup, probe_before=before,
-                              probe_between=between, probe_after=after))
-            n_speak += speak
-    return pairs
 
 
 # --- host states ----------------------------------------------------------------------------------
@@ -298,6 +281,15 @@ class Summary:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Summary":
+        """A Summary from `to_dict()`'s output (a verify record's `paired.speedup` or `paired.floor`), its
+        states as StateSummary. Raises TypeError / KeyError for a dict not shaped so."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in known}
+        kw["states"] = {name: StateSummary(**st) for name, st in (data.get("states") or {}).items()}
+        return cls(**kw)
+
     def interval(self) -> str:
         if self.speedup is None:
             return "no measured pairs"
@@ -347,7 +339,9 @@ def summarise(processes: list[list[Pair]], *, seed: int = 0, n_boot: int = 2000)
     generator; n_boot: its resamples. Raises ValueError for no processes or n_boot < 100."""
     if not processes:
         raise ValueError("processes: expected the pairs of at least one process, got none")
-    n_boot = _count("n_boot", n_boot, 100)
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 100:
+        raise ValueError(f"n_boot: expected an int >= 100, got {n_boot!r}")
+    n_boot = int(n_boot)
     rng = np.random.default_rng(seed)
     measured = [[p for p in proc if p.measured] for proc in processes]
     ratios = [_ratios(m) for m in measured]
