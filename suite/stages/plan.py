@@ -5,7 +5,9 @@ A stage is one harness on one workload (`<workload>.<harness>`), a process of it
 every unit compared), `memory_stock` / `memory_cadence` (`suite.measure.stage mode`: one mode in a fresh
 process), `duplex_stock` / `duplex_cadence` (`python -m suite.measure.duplex` with DUPLEX_SESSIONS' counts,
 60 s each), `duplex_oracle` (cadence with `--prepare oracle`; no default plan has it). A stage that cannot
-run here is skipped with its reason, checked again every sitting.
+run here is skipped with its reason, checked again every sitting. `checkpoints()` reads `--checkpoint`: a
+workload built from real weights (options "checkpoint"; its stage processes find it in their environment,
+suite.measure.env.CHECKPOINT_ENV, where the spec is made).
 """
 from __future__ import annotations
 
@@ -86,6 +88,27 @@ def plan(workload_names: list[str], harnesses: list[str], device_type: str, *,
         for h in harnesses:
             budget = stage_budget_s if stage_budget_s is not None else BUDGET_S[device_type][h]
             out.append(Stage(name, h, float(budget), skip_reason(wl, h)))
+    return out
+
+
+def checkpoints(values: list[str] | None, workload_names: list[str]) -> dict[str, str]:
+    """`--checkpoint` values, each "WORKLOAD=PATH" (or PATH alone when the run has one workload), as {workload:
+    absolute path}. Raises ValueError naming a value without a workload, a workload not in the run (or named
+    twice), a path that does not exist."""
+    out = {}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep:
+            if len(workload_names) != 1:
+                raise ValueError(f"--checkpoint {value}: say which workload (WORKLOAD=PATH); this run has "
+                                 f"{workload_names}")
+            name, path = workload_names[0], value
+        if name not in workload_names or name in out:
+            raise ValueError(f"--checkpoint {value}: {name!r} is {'named twice' if name in out else 'not in this run'}"
+                             f" (workloads: {workload_names})")
+        if not Path(path).exists():
+            raise ValueError(f"--checkpoint {value}: {path} does not exist")
+        out[name] = str(Path(path).resolve())
     return out
 
 
