@@ -3,7 +3,7 @@
     python -m suite.reproduce [--workload W|all] [--stages PATTERNS] [--device auto|cpu|cuda] [--steps N]
         [--seconds S] [--max-speak-units N] [--depth released|reduced] [--seed N] [--out results/]
         [--run-dir DIR] [--resume] [--budget-s S] [--stage-budget-s S] [--ray auto|local|ADDRESS]
-        [--processes N] [--passes P] [--compare REF ...] [--list]
+        [--processes N] [--passes P] [--checkpoint [WORKLOAD=]PATH ...] [--compare REF ...] [--list]
 
 Each stage (suite.stages.plan) runs in a process of its own with a time budget; state in
 `<run dir>/stages.json`, records in `<run dir>/<stage>/`, the merged report `<run dir>/REPORT.md` rewritten
@@ -15,11 +15,15 @@ first CPU_DEFAULT_SPEAK_UNITS SPEAK units (the pipeline and the bytes, no speed)
 --run-dir with the same options; `--budget-s` bounds the sitting. Exit status: 0 every selected stage done
 or skipped and every record byte-identical and VALID (or INVALID for too few units of a run cut short on
 purpose); 1 a stage failed or a record is not; 2 bad arguments or run folder; 3 budget spent, stages pending.
+`--checkpoint W=PATH` builds workload W from real weights in its released layout (docs/weights.md): the stage
+processes get it through their environment (suite.measure.env.CHECKPOINT_ENV); records say so (`weights`).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
+import os
 import signal
 import sys
 import threading
@@ -97,6 +101,9 @@ def parse_args(argv: list[str] | None):
                          "suite.stages.plan.VERIFY_PROTOCOL)")
     ap.add_argument("--passes", type=positive(int), default=None,
                     help="verify: walks of the script in the paired run (default 1)")
+    ap.add_argument("--checkpoint", action="append", default=None, metavar="[WORKLOAD=]PATH",
+                    help="build WORKLOAD from the checkpoint at PATH (its released layout; repeatable; PATH alone "
+                         "with one workload); default: seeded random weights")
     ap.add_argument("--compare", action="append", default=None, metavar="REF",
                     help="a reference run folder to compare ratios with (repeatable)")
     ap.add_argument("--list", action="store_true", help="print the stages and their state, run nothing")
@@ -168,6 +175,7 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
                            options={**protocol, "seconds": args.seconds, "max_speak_units": args.max_speak_units})
         patterns = [p.strip() for p in args.stages.split(",") if p.strip()] if args.stages else None
         chosen = plans.select(every, patterns) if patterns else [s for s in every if s.harness in DEFAULT_HARNESSES[kind]]
+        ckpts = plans.checkpoints(args.checkpoint, names)
         if args.resume and not args.run_dir:
             raise ValueError("--resume needs --run-dir (the folder to continue)")
         for ref in args.compare or []:
@@ -182,7 +190,8 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         notes = [f"CPU default: a short run of the first {max_units} SPEAK units over >= 2 turns (suite.reproduce); "
                  f"too few units for statistics, a check of the pipeline and of bit-exactness only"]
     options = {"device": device, "steps": args.steps, "seconds": args.seconds, "max_speak_units": max_units,
-               "depth": args.depth, "seed": args.seed, "notes": notes, **protocol}
+               "depth": args.depth, "seed": args.seed, "notes": notes, **protocol,
+               **({"checkpoint": ckpts} if ckpts else {})}
     run_dir = run_dir_of(args, device)
     try:
         state = State.open(run_dir, options, resume=args.resume)
@@ -203,6 +212,10 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
     if notes:
         print(f"CPU: a short run of the first {max_units} SPEAK units (over >= 2 turns), a check of the bytes, not of "
               f"speed; pass --max-speak-units / --seconds to change it")
+    if os.environ.pop(env.CHECKPOINT_ENV, None) and not ckpts:   # the options say what is in force
+        print(f"note: {env.CHECKPOINT_ENV} ignored: reproduce takes checkpoints from --checkpoint", file=sys.stderr)
+    if ckpts:                                         # for every stage process (and a local Ray instance)
+        os.environ[env.CHECKPOINT_ENV] = json.dumps(ckpts, sort_keys=True)
     prov = env.provenance(command, device="cpu")      # git and versions; the device facts are in each stage
     installed = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if installed else None

@@ -64,3 +64,29 @@ def write_checkpoint(directory: Path, *, seed: int = 0) -> dict[str, dict[str, t
         torch.save(tensors, directory / name)
         written[name] = tensors
     return written
+
+
+#: Step-Audio 2 mini's released token2wav/ folder (stepfun-ai/Step-Audio2 token2wav.py L20-48 @ b1bb23c): the
+#: tensors and the flow's config it loads, and the two ONNX front-end models it opens (written empty here).
+STEPAUDIO2_FILES = ("flow.yaml", "flow.pt", "hift.pt", "speech_tokenizer_v2_25hz.onnx", "campplus.onnx")
+
+
+def write_stepaudio2_checkpoint(directory: Path, *, seed: int = 0, hift_prefix: str = "generator.") -> dict:
+    """Write a Step-Audio 2 token2wav/ directory (created if absent): flow.yaml and flow.pt as the manifest's
+    MiniCPM-o ones (the same flow class and released flow.yaml, at the reduced depth), hift.pt the keys of the
+    original `HiFTGenerator()` (the manifest's hift_original.pt: released shapes), each key with `hift_prefix`
+    ("generator." as in the MiniCPM-o layout; upstream strips it, token2wav.py L46). Returns {file: {key: tensor}}."""
+    manifest = load_manifest()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "flow.yaml").write_text(manifest["texts"]["flow.yaml"])
+    for name in STEPAUDIO2_FILES[3:]:
+        (directory / name).write_bytes(b"")
+    gen = torch.Generator().manual_seed(seed)
+    written = {}
+    for name, source in (("flow.pt", "flow.pt"), ("hift.pt", "hift_original.pt")):
+        tensors = {(hift_prefix + key.removeprefix("generator.") if name == "hift.pt" else key):
+                   _quiet_(key, _tensor(shape, dtype, gen)) for key, (shape, dtype) in manifest["tensors"][source].items()}
+        torch.save(tensors, directory / name)
+        written[name] = tensors
+    return written

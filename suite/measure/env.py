@@ -1,8 +1,8 @@
 """Where a result came from, and the determinism flags it ran under.
 
 `provenance()` is generated, never typed: git revision, dirty flag with the `git status --short` lines, the
-git tree hash of impl/, the command, python / torch / CUDA / cuDNN and stock package versions, the device.
-Outside a git checkout the git fields read "NA". `deterministic()` is the only place the suite changes
+git tree hash of impl/, the command, python / torch / CUDA / cuDNN and stock package versions, the device, the
+weights (`weights`: seeded random, or a checkpoint and its sha256). Outside a git checkout the git fields read "NA". `deterministic()` is the only place the suite changes
 torch's global flags, and it restores them on exit. The host probes (`host_op_us`, `cpu_loop_us`,
 `UnitHostSampler`) say how fast the host launched eager kernels around a measurement.
 """
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -124,6 +126,53 @@ def device_info(device: str | torch.device = "cpu") -> dict:
     return out
 
 
+#: The checkpoints a process builds its workloads from: JSON {workload: path}, read by `checkpoints()`.
+#: `suite.reproduce --checkpoint` sets it for its stage processes; set it by hand for a harness run alone
+#: (suite.measure.duplex, suite.measure.stage). Unset: every workload has seeded random weights.
+CHECKPOINT_ENV = "DUPLEXCADENCE_CHECKPOINTS"
+
+
+def checkpoints() -> dict[str, str]:
+    """{workload: checkpoint path} from CHECKPOINT_ENV ({} when unset). Raises ValueError for a value that is not
+    a JSON object of strings."""
+    text = os.environ.get(CHECKPOINT_ENV, "").strip()
+    try:
+        found = json.loads(text) if text else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{CHECKPOINT_ENV}: expected a JSON object {{workload: path}}, got {text!r} ({exc})") from None
+    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+        raise ValueError(f"{CHECKPOINT_ENV}: expected a JSON object {{workload: path}}, got {text!r}")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def checkpoint_sha256(path: str) -> str:
+    """sha256 of a checkpoint: of one file's bytes, or for a directory of the lines "<relative path> <sha256 of the
+    file>" of every file under it, sorted by path (a whole Qwen3-Omni checkpoint is read once per process: tens of
+    GB). Raises FileNotFoundError naming a missing path."""
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"checkpoint {root}: does not exist")
+
+    def digest(file: Path) -> str:
+        h = hashlib.sha256()
+        with open(file, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+        return h.hexdigest()
+    if root.is_file():
+        return digest(root)
+    lines = [f"{f.relative_to(root).as_posix()} {digest(f)}\n" for f in sorted(root.rglob("*")) if f.is_file()]
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def weights(workload: str, seed: int | None) -> str:
+    """What a workload's weights are in this process: "checkpoint PATH sha256 HEX" (CHECKPOINT_ENV), else
+    "seeded random (seed N)"."""
+    path = checkpoints().get(workload)
+    return f"checkpoint {path} sha256 {checkpoint_sha256(path)}" if path else f"seeded random (seed {seed})"
+
+
 def provenance(command: list[str] | None = None, *, device: str | torch.device = "cpu") -> dict:
     """Everything that says where a result came from. command: argv as run (default: sys.argv)."""
     lines = status_lines()
@@ -153,6 +202,8 @@ def provenance(command: list[str] | None = None, *, device: str | torch.device =
                                            "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS")
                 if k in os.environ},
         "device": device_info(device),
+        # a record of one workload says its own (session.mode_result); this is every checkpoint in force
+        "weights": {name: weights(name, None) for name in checkpoints()} or "seeded random (the workload's seed)",
     }
 
 

@@ -114,8 +114,11 @@ def payload_of(unit) -> tuple[object, str, int]:
 
 def make_spec(workload, steps: int | None = None) -> dict:
     """What the adapter builds from: workload.spec plus the voice prompt, its length and the dtype, and the
-    Euler steps under `n_timesteps` (stock Token2wav's name): `steps`, else the spec's, else the workload's."""
+    Euler steps under `n_timesteps` (stock Token2wav's name): `steps`, else the spec's, else the workload's; the
+    workload's checkpoint in env.checkpoints(), if any, under `checkpoint`."""
     spec = dict(workload.spec or {})
+    if workload.name in env.checkpoints():                  # real weights (env.CHECKPOINT_ENV)
+        spec["checkpoint"] = env.checkpoints()[workload.name]
     spec["voice_prompt"] = workload.voice_prompt
     spec["prompt_seconds"] = workload.prompt_seconds
     spec.setdefault("dtype", workload.dtype)
@@ -410,7 +413,8 @@ def mode_result(workload, mode: str, s: Setup, depth: str, prov: dict, det: dict
     m = metrics(run.records)
     reasons, codes = judge(run.records, prov, m, limited=s.limited)
     return RunResult(workload=workload_dict(workload), mode=mode, device=str(s.device), depth=depth,
-                     parameters=s.parameters, seeds=s.seeds, provenance=prov, determinism=det, units=run.records,
+                     parameters=s.parameters, seeds=s.seeds, determinism=det, units=run.records,
+                     provenance={**prov, "weights": env.weights(workload.name, s.seeds.get("weights", 0))},
                      memory=run.memory, metrics=m, session_stats=run.stats, prepared=run.prepared,
                      capabilities=run.capabilities, verdict="INVALID" if reasons else "VALID",
                      invalid_reasons=reasons, invalid_codes=codes, pcm16=run.pcm16, outputs=run.outputs)

@@ -25,8 +25,8 @@ OPTIONS = {("minicpmo45", "cadence"): ("graphs", "capture", "strict", "arena_bac
 
 
 def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int = 0) -> Model:
-    """The stock model of `spec` with seeded random weights (or "checkpoint", a directory in the released layout:
-    MiniCPM-o only) and its voice prompt. spec: "voice_prompt" (a 24 kHz WAV; required), "variant", "n_timesteps"
+    """The stock model of `spec` with seeded random weights (or "checkpoint", a directory in the variant's released
+    layout: build.build_token2wav, build.build_stepaudio2_token2wav) and its voice prompt. spec: "voice_prompt" (a 24 kHz WAV; required), "variant", "n_timesteps"
     (Euler steps, 1-16; 10), "prompt_seconds" (None: the whole WAV; default facts.PROMPT_SECONDS). depth:
     "released" | "reduced" (facts.REDUCED). Raises ValueError naming a missing or bad key, FileNotFoundError."""
     variant = dict(spec).get("variant") or "minicpmo45"
@@ -41,7 +41,7 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     if variant == "minicpmo45":
         t2w = build.build_token2wav(spec.get("checkpoint"), n_timesteps=steps, device=device, seed=seed, depth=layers)
     elif spec.get("checkpoint"):
-        raise ValueError("spec['checkpoint']: the stepaudio2 variant builds seeded random weights only")
+        t2w = build.build_stepaudio2_token2wav(spec["checkpoint"], n_timesteps=steps, device=device, seed=seed)
     else:
         t2w = build.build_stock_token2wav(n_timesteps=steps, device=device, seed=seed, depth=layers,
                                           hift_config=facts.HIFT_CONFIG if depth == "released" else facts.HIFT_REDUCED)

@@ -254,6 +254,41 @@ def build_stock_token2wav(*, n_timesteps: int = facts.N_TIMESTEPS, device="cpu",
     return StockToken2wav(flow.to(device).eval(), hift.float().to(device).eval(), device, n_timesteps=n_timesteps)
 
 
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file does not hold the module's keys and shapes; the message names the file and key."""
+
+
+def load_strict(module: torch.nn.Module, path: Path, rename=str) -> None:
+    """`module.load_state_dict(torch.load(path), strict=True)`, keys renamed; a mismatch is one line naming the file
+    and the first missing, unexpected or mis-shaped key. Raises CheckpointError."""
+    want = module.state_dict()
+    state = {rename(k): v for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
+    bad = [f"missing key {k!r}" for k in want if k not in state] + [
+        f"unexpected key {k!r}" if k not in want else f"key {k!r} is {list(v.shape)}, expected {list(want[k].shape)}"
+        for k, v in state.items() if k not in want or v.shape != want[k].shape]
+    if bad:
+        raise CheckpointError(f"{path}: {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+    module.load_state_dict(state, strict=True)
+
+
+def build_stepaudio2_token2wav(model_dir, *, n_timesteps: int = facts.N_TIMESTEPS, device="cpu", seed: int = 0):
+    """Step-Audio 2 mini's StockToken2wav from its released token2wav/ folder, loaded as t2w L37-48 loads it: the
+    flow from flow.yaml and flow.pt, hift.pt into `HiFTGenerator()` with "generator." taken out of its keys (the
+    files and the class defaults give the architecture; the ONNX front end is not read: prepare_prompt). Raises
+    FileNotFoundError naming a missing file, CheckpointError naming the file and key, ValueError (n_timesteps)."""
+    model_dir, steps = Path(model_dir), check_steps(n_timesteps)
+    missing = [n for n in ("flow.yaml", "flow.pt", "hift.pt") if not (model_dir / n).is_file()]   # t2w L37-47
+    if missing:
+        raise FileNotFoundError(f"checkpoint {model_dir}: missing {missing} (Step-Audio 2's token2wav/ layout)")
+    torch.manual_seed(seed)
+    flow, hift = load_flow(model_dir / "flow.yaml", steps), hift_class()()
+    load_strict(flow, model_dir / "flow.pt")
+    load_strict(hift, model_dir / "hift.pt", lambda k: k.replace("generator.", ""))
+    return StockToken2wav(flow.to(device).eval(), hift.float().to(device).eval(), device, n_timesteps=steps)
+
+
 # --- the model's voice prompt and buffers ------------------------------------------------------------
 @dataclass(frozen=True)
 class Prompt:
