@@ -95,7 +95,7 @@ def test_a_plan_runs_through_ray_timed_stages_alone_and_a_failed_one_twice(tmp_p
     assert lines[0] == "plan: 5 stage(s) to run, about 10 min of stage time; on Ray (local)"
     assert any(line.startswith("stage 4 of 5 fail.verify: start again") for line in lines)
     text = document.write(run_dir).read_text()
-    assert re.search(r"\| v\.verify +\| done .*\| [^|]*, cpu +\|", text)  # the node and device it ran on
+    assert re.search(r"^- `v\.verify`: done in [\d.]+ s \(budget \d+ s, 1 attempt\(s\), [^,()]+, cpu\)", text, re.M)  # node, device
     assert "on Ray (local)" in text
 
 

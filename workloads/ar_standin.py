@@ -1,4 +1,4 @@
-"""Autoregressive stand-ins: the stage that runs before the tail in every SPEAK unit (issue 7).
+"""Autoregressive stand-ins: the stage that runs before the tail in every SPEAK unit.
 
 What to run, not how to measure: a stand-in is a published architecture config, built through the stock
 transformers class with seeded random weights (no weights can be downloaded), generating the speech

@@ -25,9 +25,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from duplexcadence.adapters.code2wav import schedule as _c2w
-from duplexcadence.adapters.flow_hift import facts as _fh
-from duplexcadence.adapters.mimi import schedule as _mimi
+import functools
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 UNIT_SECONDS = 1.0              # one duplex unit per second (DESIGN section 1)
@@ -63,11 +61,24 @@ class PayloadFormat:
 #: each cited there): flow_hift = S3 tokenizer v2 ids, at most MAX_UNIT_TOKENS per unit, none while listening;
 #: mimi = 8 codebooks of 2048 bins, 12 or 13 frames per unit at 12.5 Hz, decoded on every unit (moshi's server
 #: decodes while it listens: server.py L129-151); code2wav = 16 codebooks of 2048, only while speaking.
-FORMATS: dict[str, PayloadFormat] = {
-    "flow_hift": PayloadFormat("tokens", _fh.VOCAB_SIZE, None, _fh.MAX_UNIT_TOKENS, "none"),
-    "mimi": PayloadFormat("codes", _mimi.CARDINALITY, _mimi.N_Q, _mimi.UNIT.policy.bound(), "required"),
-    "code2wav": PayloadFormat("codes", _c2w.CODEBOOK_SIZE, _c2w.NUM_QUANTIZERS, _c2w.UNIT.policy.bound(), "none"),
-}
+#: Read on first use (the module attribute FORMATS, through `__getattr__`): importing an adapter package loads
+#: torch, and the records and the report import the workloads without it.
+@functools.cache
+def formats() -> dict[str, PayloadFormat]:
+    from duplexcadence.adapters.code2wav import schedule as c2w
+    from duplexcadence.adapters.flow_hift import facts as fh
+    from duplexcadence.adapters.mimi import schedule as mimi
+    return {
+        "flow_hift": PayloadFormat("tokens", fh.VOCAB_SIZE, None, fh.MAX_UNIT_TOKENS, "none"),
+        "mimi": PayloadFormat("codes", mimi.CARDINALITY, mimi.N_Q, mimi.UNIT.policy.bound(), "required"),
+        "code2wav": PayloadFormat("codes", c2w.CODEBOOK_SIZE, c2w.NUM_QUANTIZERS, c2w.UNIT.policy.bound(), "none"),
+    }
+
+
+def __getattr__(name: str):
+    if name == "FORMATS":
+        return formats()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -116,7 +127,7 @@ class Workload:
 
     @property
     def payload_format(self) -> PayloadFormat:
-        return FORMATS[self.architecture]
+        return formats()[self.architecture]
 
     def session_script(self) -> SessionScript:
         """The session script, validated against this architecture's payload format."""
@@ -351,7 +362,7 @@ def _infer_format(raw: list[tuple[int, dict]]) -> PayloadFormat:
     if keys == {"codes"}:
         books = next((len(row["codes"]) for _, row in raw if row.get("codes")), None)
         return PayloadFormat("codes", 2048, books, 13, "optional")
-    return replace(FORMATS["flow_hift"], listen="none")
+    return replace(formats()["flow_hift"], listen="none")
 
 
 def _unit(path: Path, i: int, line: int, row: dict, fmt: PayloadFormat) -> Unit:

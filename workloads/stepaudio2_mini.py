@@ -8,7 +8,7 @@ Model facts (shared/notes/stock_decoders.md sections 2.6 and 3):
 * Upstream streaming driver: stepfun-ai/Step-Audio2 @ b1bb23c ("streaming hift"), `token2wav.py`
   (set_stream_cache L102-115, stream L118-169) and `examples-vllm-stream.py` (L1-30, L44-69), read in the
   history of the fork weedge/Step-Audio2 (the stepfun-ai snapshot is too large to fetch). It is not
-  installable, so `impl/duplexcadence/adapters/stepaudio2.py` reproduces it line by line over the
+  installable, so `duplexcadence.adapters.flow_hift` (`build.StockToken2wav`, `cadence_sa2`) follows it over the
   installed modules (the adapter's `variant="stepaudio2"`, reached through flow_hift): CHUNK_SIZE = 25,
   3-token lookahead (set-up lookahead = the prompt's first three tokens), n_timesteps 10; a stream call
   whenever 28 tokens are buffered, keeping the last 3; HiFT on 8 + 50 mel frames with the 3 840-sample

@@ -52,11 +52,7 @@ class StreamLeases:
     again. A captured cuBLAS call keeps the workspace of (cuBLAS handle, capture stream)
     (aten/src/ATen/cuda/CublasHandlePool.cpp), and every session's graphs are captured from the same
     host thread (one handle): two live sessions with the same pool stream share one workspace, and their
-    graphs replayed at once on different streams race on it. That race is the likely cause of "Causal vocoder
-    returned non-finite audio" in the 26-session run of MiniCPM-o on the H200, in a process whose 1- and
-    24-session runs had taken 49 pool streams (results/2026-11-30-h200-reproduce-5/minicpmo45.duplex_cadence);
-    sessions already shared capture streams in its 24-session run, which ran clean, so the corruption
-    depends on timing; with leases the same sequence ran clean once (results/2026-11-30-h200-reproduce-7).
+    graphs replayed at once on different streams race on it (non-finite vocoder audio, depending on timing).
 
     Without cuda-python, `acquire` falls back to torch's pool and raises RuntimeError when the stream it
     gets is already leased (instead of sharing it). Thread-safe. Garbage-collector callbacks

@@ -69,7 +69,8 @@ class Process:
     def set_up(self) -> None:
         t0 = time.perf_counter()
         s = self.s
-        self.out["provenance"] = env.provenance(self.command, device=s.device)
+        self.out["provenance"] = {**env.provenance(self.command, device=s.device),
+                                  "weights": env.weights(self.workload.name, s.seeds.get("weights", 0))}
         if self.flags is None:
             self.det = env.deterministic()
             self.flags = self.det.__enter__()
