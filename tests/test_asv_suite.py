@@ -4,6 +4,8 @@ tests/fakes.py (the session protocol) runs its setup, timed unit and track metho
 No timing is checked here; asv does the timing (suite/asv/README.md)."""
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 
 import pytest
@@ -72,12 +74,12 @@ def test_impossible_combinations_skip(cls, params, match):
     assert common._WARM is None
 
 
-def test_unimplemented_variant_skips():
-    adapter = runtime.adapter("flow_hift")
-    if "stepaudio2" in getattr(adapter, "VARIANTS", ()):
-        pytest.skip("the flow_hift adapter implements the stepaudio2 variant now")
-    with pytest.raises(NotImplementedError, match="no 'stepaudio2' variant"):
-        bench_speak.FlowHift().setup("stepaudio2_mini", "stock", 10, "cpu")
+def test_a_variant_no_released_model_selects_is_refused_and_step_audio_2_is_served():
+    from suite.stages import plan
+    sa2 = workloads.get("stepaudio2_mini")
+    assert plan.skip_reason(sa2, "verify") is None and "stepaudio2" in plan.served_variants("flow_hift")
+    other = dataclasses.replace(sa2, spec={**sa2.spec, "variant": "not_released"})
+    assert "serves no 'not_released' variant" in plan.skip_reason(other, "verify")
 
 
 # --- the steady unit from the session's clocks ---------------------------------------------------------------

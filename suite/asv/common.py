@@ -24,6 +24,7 @@ from suite.measure import env, memory
 from suite.measure.session import (WARMUP_SPEAK_UNITS, ModeUnavailable, make_spec, modes, open_session, payload_of,
                                    select_units)
 from suite.records import headline
+from suite.stages.plan import served_variants
 
 MIB = 2**20
 #: Model depth per device. CPU: the reduced-depth configuration of the same stock classes (each adapter's
@@ -207,9 +208,9 @@ def warm_session(bench: SpeakUnit, name: str, mode: str, steps: int | None, devi
     if mode not in modes(adapter):
         raise NotImplementedError(f"mode {mode!r}: adapter {adapter.__name__} declares {modes(adapter)}")
     variant = (wl.spec or {}).get("variant")
-    if variant is not None and variant not in getattr(adapter, "VARIANTS", ()):
-        raise NotImplementedError(f"workload {name!r}: adapter {adapter.__name__} has no {variant!r} "
-                                  f"variant yet (adapter.VARIANTS); it would run another model's path")
+    if variant is not None and variant not in served_variants(wl.architecture):
+        raise NotImplementedError(f"workload {name!r}: adapter {adapter.__name__} serves no {variant!r} variant "
+                                  f"(duplexcadence.runtime.MODELS); it would run another model's path")
     reason = bench.skip_reason(wl, mode, dev)
     if reason:
         raise NotImplementedError(reason)

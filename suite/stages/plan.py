@@ -84,15 +84,20 @@ class Stage:
         return self.harness in TIMED_HARNESSES
 
 
+def served_variants(architecture: str) -> set:
+    """The spec variants the released models of `architecture` select (duplexcadence.runtime.MODELS)."""
+    return {e.spec.get("variant") for e in runtime.MODELS.values() if e.architecture == architecture} - {None}
+
+
 def skip_reason(workload, harness: str) -> str | None:
     """Why `harness` cannot run `workload` here, or None. Imports the workload's adapter module."""
     if workload.architecture not in runtime.ADAPTERS:
         return f"no adapter for architecture {workload.architecture!r} (duplexcadence.runtime.ADAPTERS)"
     adapter = runtime.adapter(workload.architecture)
     variant = (workload.spec or {}).get("variant")
-    if variant is not None and variant not in getattr(adapter, "VARIANTS", ()):
-        return (f"adapter {adapter.__name__} does not implement the {variant!r} variant yet "
-                f"(adapter.VARIANTS); running it would run another model's path")
+    if variant is not None and variant not in served_variants(workload.architecture):
+        return (f"adapter {adapter.__name__} serves no {variant!r} variant (no duplexcadence.runtime.MODELS entry "
+                f"of architecture {workload.architecture!r} selects it); running it would run another model's path")
     if HARNESS_MODE[harness] != "stock" and "cadence" not in getattr(adapter, "MODES", runtime.MODES):
         return f"adapter {adapter.__name__} has no cadence mode"
     return None
