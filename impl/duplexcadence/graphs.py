@@ -39,6 +39,8 @@ from typing import Callable, Hashable
 
 import torch
 
+from duplexcadence import gate
+
 
 class StreamLeases:
     """CUDA streams that no two holders share at once: each `acquire(device)` returns a stream no other
@@ -232,34 +234,35 @@ class GraphCache:
         """Run `step` (a zero-argument callable over arena views) for `signature`: replay its graph,
         capture it on first use, or run it eagerly. Returns the step's outputs; for a graph these are
         the same static tensors every replay, so copy what must outlive the next replay."""
-        if not self.enabled or signature in self.eager_only:
-            self.stats.eager_runs += 1
+        with gate.work():
+            if not self.enabled or signature in self.eager_only:
+                self.stats.eager_runs += 1
+                with self.lock:
+                    return step()
+            entry = self.entries.get(signature)
+            if entry is not None:
+                base = self.arena.base if self.arena is not None else 0
+                if base != entry.arena_base:
+                    raise ArenaMoved(f"graph {signature!r} captured on arena base {entry.arena_base:#x}, "
+                                     f"replayed on {base:#x}")
+                entry.graph.replay()
+                self.stats.replays += 1
+                return entry.outputs
             with self.lock:
-                return step()
-        entry = self.entries.get(signature)
-        if entry is not None:
-            base = self.arena.base if self.arena is not None else 0
-            if base != entry.arena_base:
-                raise ArenaMoved(f"graph {signature!r} captured on arena base {entry.arena_base:#x}, "
-                                 f"replayed on {base:#x}")
-            entry.graph.replay()
-            self.stats.replays += 1
-            return entry.outputs
-        with self.lock:
-            if self._needs_warmup(signature):
-                key = self.warm_key(signature)
-                self.seen[key] = self.seen.get(key, 0) + 1
-                if self.warmed is not None and self.seen[key] >= self.warmup:
-                    self.warmed.add(key)
-                self.stats.warmup_runs += 1
-                return step()
-            if self.closed or not self.inline:
-                if self.strict and self.closed:
-                    raise SignatureError(f"signature {signature!r} was not captured before close() "
-                                         f"(known: {len(self.entries)})")
-                self.stats.eager_fallbacks += 1
-                return step()
-            return self._capture(signature, step)
+                if self._needs_warmup(signature):
+                    key = self.warm_key(signature)
+                    self.seen[key] = self.seen.get(key, 0) + 1
+                    if self.warmed is not None and self.seen[key] >= self.warmup:
+                        self.warmed.add(key)
+                    self.stats.warmup_runs += 1
+                    return step()
+                if self.closed or not self.inline:
+                    if self.strict and self.closed:
+                        raise SignatureError(f"signature {signature!r} was not captured before close() "
+                                             f"(known: {len(self.entries)})")
+                    self.stats.eager_fallbacks += 1
+                    return step()
+                return self._capture(signature, step)
 
     def _needs_warmup(self, signature) -> bool:
         """True while `signature` has had fewer than `warmup` eager runs, here or (with `warmed`) in any
@@ -279,26 +282,27 @@ class GraphCache:
             return signature in self.entries
         if self.closed or signature in self.eager_only:
             return False
-        with self.lock:
+        with self.lock, gate.work():
             if self._needs_warmup(signature):
                 return False
             return self._capture(signature, step, replay=False) is not _FAILED
 
     def _capture(self, signature, step, replay: bool = True):
         graph = torch.cuda.CUDAGraph()
-        prime_workspace(self.capture_stream)
-        before = torch.cuda.memory_reserved(self.device)
         try:
-            # thread_local: another session's synchronising call on its own thread (a .cpu(), a cudaMalloc)
-            # must not invalidate this capture (the default "global" mode forbids them process-wide)
-            with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream,
-                                  capture_error_mode="thread_local"):
-                outputs = step()
+            # alone in the process (duplexcadence.gate: no other thread's CUDA work meets the capture); thread_local:
+            # this thread's own unsafe calls are the only ones checked against it
+            with gate.capture():
+                prime_workspace(self.capture_stream)
+                before = torch.cuda.memory_reserved(self.device)
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream,
+                                      capture_error_mode="thread_local"):
+                    outputs = step()
         except Exception as exc:  # an uncapturable op: this signature runs eagerly from now on
             self.stats.capture_failures += 1
             self.stats.failures.append(f"{signature!r}: {type(exc).__name__}: {exc}")
             self.eager_only.add(signature)
-            torch.cuda.synchronize(self.device)
+            gate.synchronize(self.device)
             self.pool = torch.cuda.graph_pool_handle()     # never reuse a pool a failed capture touched
             if not replay:
                 return _FAILED

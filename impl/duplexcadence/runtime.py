@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from duplexcadence.gate import OuterLock
 from duplexcadence.session import UnitOutput
 
 MODES = ("stock", "cadence")
@@ -103,12 +104,13 @@ def model_state(model) -> dict:
         return state
 
 
-def model_lock(model) -> threading.RLock:
+def model_lock(model) -> OuterLock:
     """The lock shared by every session of one model instance: held while a step repoints the shared
-    modules (duplexcadence.bind) and for eager runs and captures; never for a replay."""
+    modules (duplexcadence.bind) and for eager runs and captures; never for a replay. A reentrant lock taken
+    before the capture gate's work() (gate.OuterLock: inside work() it waits with the thread's hold set aside)."""
     state = model_state(model)
     with _MODEL_STATE_LOCK:
-        return state.setdefault("lock", threading.RLock())
+        return state.setdefault("lock", OuterLock())
 
 
 def adapter(architecture: str):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from duplexcadence import gate
+
 
 class VMMError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the CUresult."""
@@ -104,7 +106,7 @@ class Reservation:
     def close(self) -> None:
         """Unmap and release every granule and free the range. The tensor must no longer be used."""
         cu = _cu()
-        torch.cuda.synchronize(self.device)
+        gate.synchronize(self.device)
         for g, handle in self.handles.items():
             _check(cu.cuMemUnmap(self.base + g * self.granularity, self.granularity), "cuMemUnmap")
             _check(cu.cuMemRelease(handle), "cuMemRelease")
