@@ -5,6 +5,7 @@ L3778-3788). The context is learnt from the codes: a window whose first min(F, C
 `wav[..., ctx * 1920:]`; the head before it is NaN (docs/dropins.md)."""
 import torch
 
+from duplexcadence import gate
 from duplexcadence.adapters import code2wav as adapter
 from duplexcadence.adapters.code2wav.schedule import BOUNDARY_LOSS, NUM_QUANTIZERS, SAMPLES_PER_FRAME, UNIT
 from duplexcadence.adapters.code2wav.stock import parse_codes
@@ -31,18 +32,19 @@ class Code2Wav:
         before anything changes."""
         if codes.dim() != 3 or codes.shape[0] != 1:
             raise InputError(f"codes: expected [1, {NUM_QUANTIZERS}, frames] (batch 1), got {list(codes.shape)}")
-        host, ctx, clock = parse_codes(codes[0].cpu()), self.recent.shape[1], self.session.clocks()
-        frames = host.shape[1]
-        if not (0 < ctx < frames and torch.equal(host[:, :ctx], self.recent)):
-            ctx = 0
-            clock.start_turn()
-        self.session.prepare(clock.unit(frames - ctx))       # checks the window; CUDA: captures an unseen one
-        if ctx == 0:
-            self.session.start_turn()
-        out, self.recent = self.session.speak(host[:, ctx:]), host[:, max(0, frames - self.left_context):]
-        wav = torch.full((1, 1, frames * SAMPLES_PER_FRAME - BOUNDARY_LOSS), float("nan"), dtype=self.dtype)
-        wav[..., ctx * SAMPLES_PER_FRAME:] = torch.from_numpy(out.waveform)
-        return wav.to(self.session.device)
+        with gate.work():                  # the caller's copies too: never beside a capture
+            host, ctx, clock = parse_codes(codes[0].cpu()), self.recent.shape[1], self.session.clocks()
+            frames = host.shape[1]
+            if not (0 < ctx < frames and torch.equal(host[:, :ctx], self.recent)):
+                ctx = 0
+                clock.start_turn()
+            self.session.prepare(clock.unit(frames - ctx))       # checks the window; CUDA: captures an unseen one
+            if ctx == 0:
+                self.session.start_turn()
+            out, self.recent = self.session.speak(host[:, ctx:]), host[:, max(0, frames - self.left_context):]
+            wav = torch.full((1, 1, frames * SAMPLES_PER_FRAME - BOUNDARY_LOSS), float("nan"), dtype=self.dtype)
+            wav[..., ctx * SAMPLES_PER_FRAME:] = torch.from_numpy(out.waveform)
+            return wav.to(self.session.device)
 
     __call__ = forward
 

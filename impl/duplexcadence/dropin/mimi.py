@@ -3,7 +3,7 @@ runs unchanged (server.py L59-82: `streaming_forever(1)`, `decode(tokens[:, 1:])
 connection). One stream (batch 1), one frame per call: docs/dropins.md says why."""
 import torch
 
-from duplexcadence import bind
+from duplexcadence import bind, gate
 from duplexcadence.adapters import mimi as adapter
 from duplexcadence.errors import InputError
 from duplexcadence.runtime import model_lock
@@ -57,7 +57,8 @@ class Mimi:
             return self.native.decode(codes)
         if tuple(codes.shape) != (1, adapter.N_Q, 1):
             raise InputError(f"codes: expected [1, {adapter.N_Q}, 1] (batch 1, one frame), got {list(codes.shape)}")
-        return torch.from_numpy(self.session.speak(codes[0].cpu()).waveform).view(1, 1, -1).to(self.session.device)
+        with gate.work():
+            return torch.from_numpy(self.session.speak(codes[0].cpu()).waveform).view(1, 1, -1).to(self.session.device)
 
 
 wrap = Mimi                 #: wrap(model, **options): the drop-in

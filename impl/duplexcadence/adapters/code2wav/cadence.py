@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from duplexcadence import bind, upstream
+from duplexcadence import bind, gate, upstream
 from duplexcadence.adapters.code2wav.schedule import NUM_QUANTIZERS, SAMPLES_PER_FRAME, UNIT, Call, Turn, window
 from duplexcadence.adapters.code2wav.stock import CAPABILITIES, parse_codes
 from duplexcadence.arena import Arena
@@ -89,12 +89,13 @@ class CadenceSession(Session):
         self.arena.declare("codes.window", (1, NUM_QUANTIZERS, c + most), torch.int64)
         self.arena.declare("io.new", (NUM_QUANTIZERS, most), torch.int64)
         self.arena.declare("io.wave", (1, 1, most * SAMPLES_PER_FRAME), torch.float32)
-        self.arena.allocate()
-        self.graphs = GraphCache(self.device, arena=self.arena, enabled=spec.get("graphs"), warmup=1,
-                                 inline=spec.get("capture") == "inline", lock=model_lock(model),
-                                 warmed=model_state(model).setdefault("code2wav.warmed", set()))
-        self.masks = PreparedMasks(model)
-        self._host = torch.empty(NUM_QUANTIZERS * most, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        with gate.work():
+            self.arena.allocate()
+            self.graphs = GraphCache(self.device, arena=self.arena, enabled=spec.get("graphs"), warmup=1,
+                                     inline=spec.get("capture") == "inline", lock=model_lock(model),
+                                     warmed=model_state(model).setdefault("code2wav.warmed", set()))
+            self.masks = PreparedMasks(model)
+            self._host = torch.empty(NUM_QUANTIZERS * most, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         self.graph_bytes: dict = {}           # signature -> pool bytes its capture took
         self.calls_per_phase: dict[str, int] = {}
 
@@ -105,7 +106,8 @@ class CadenceSession(Session):
         """A new turn: the left context is cleared (zeroed; the clock says it holds 0 frames)."""
         self.check_open("start_turn")
         self._clock.start_turn()
-        self.region("codes.context", (NUM_QUANTIZERS, self._clock.left_context)).zero_()
+        with gate.work():
+            self.region("codes.context", (NUM_QUANTIZERS, self._clock.left_context)).zero_()
 
     def clocks(self) -> Turn:
         self.check_open("clocks")
@@ -136,18 +138,19 @@ class CadenceSession(Session):
         clock = self._clock.copy()
         calls = clock.calls(int(codes.shape[1]), final)
         waves, info = [], []
-        for k, call in enumerate(calls):
-            sig = clock.signature(call)
-            host = self._host[:NUM_QUANTIZERS * call.new].view(NUM_QUANTIZERS, call.new)
-            host.copy_(codes[:, call.offset:call.offset + call.new])       # the call's one H2D copy
-            self.region("io.new", (NUM_QUANTIZERS, call.new)).copy_(host, non_blocking=host.is_pinned())
-            waves.append(host_waveform(self.graphs.run(sig, self._step(sig))))
-            info.append(self._clock.info(call, waves[-1].size))
-            if not (final and k == len(calls) - 1):           # context <- the newest frames of the window
-                kept = min(call.ctx + call.new, clock.left_context)
-                self.region("codes.context", (NUM_QUANTIZERS, kept)).copy_(
-                    self.region("codes.window", window(sig))[0, :, call.ctx + call.new - kept:])
-            self.calls_per_phase[call.phase] = self.calls_per_phase.get(call.phase, 0) + 1
+        with gate.work():
+            for k, call in enumerate(calls):
+                sig = clock.signature(call)
+                host = self._host[:NUM_QUANTIZERS * call.new].view(NUM_QUANTIZERS, call.new)
+                host.copy_(codes[:, call.offset:call.offset + call.new])       # the call's one H2D copy
+                self.region("io.new", (NUM_QUANTIZERS, call.new)).copy_(host, non_blocking=host.is_pinned())
+                waves.append(host_waveform(self.graphs.run(sig, self._step(sig))))
+                info.append(self._clock.info(call, waves[-1].size))
+                if not (final and k == len(calls) - 1):           # context <- the newest frames of the window
+                    kept = min(call.ctx + call.new, clock.left_context)
+                    self.region("codes.context", (NUM_QUANTIZERS, kept)).copy_(
+                        self.region("codes.window", window(sig))[0, :, call.ctx + call.new - kept:])
+                self.calls_per_phase[call.phase] = self.calls_per_phase.get(call.phase, 0) + 1
         self._clock = clock
         return unit_output(waves, frames=int(codes.shape[1]), calls=info)
 
@@ -167,13 +170,14 @@ class CadenceSession(Session):
                     or not 1 <= sig.size <= UNIT.policy.bound()
                     or sig != self._clock.signature(Call("", ctx, sig.size, 0))):
                 raise InputError(f"signatures: {sig!r} is not a window of this session's schedule")
-        for sig in sigs if self.graphs.enabled else ():
-            pool = self.graphs.pool_bytes
-            if not self.graphs.capture(sig, self._step(sig)) and sig not in self.graphs.eager_only:
-                self.graphs.run(sig, self._step(sig))           # warm-up: writes the window and io.wave only
-                self.graphs.capture(sig, self._step(sig))
-            if sig in self.graphs:
-                self.graph_bytes.setdefault(sig, self.graphs.pool_bytes - pool)
+        with gate.work():
+            for sig in sigs if self.graphs.enabled else ():
+                pool = self.graphs.pool_bytes
+                if not self.graphs.capture(sig, self._step(sig)) and sig not in self.graphs.eager_only:
+                    self.graphs.run(sig, self._step(sig))           # warm-up: writes the window and io.wave only
+                    self.graphs.capture(sig, self._step(sig))
+                if sig in self.graphs:
+                    self.graph_bytes.setdefault(sig, self.graphs.pool_bytes - pool)
         after = self.stats()
         return {k: getattr(after, k) - getattr(before, k) for k in (*SessionStats.COUNTERS, "graphs", "graph_bytes")}
 
@@ -194,8 +198,9 @@ class CadenceSession(Session):
     def close(self) -> None:
         """Free the graphs, the arena, the masks and the pinned staging buffer now."""
         if not self.closed:
-            self.graphs.drop()
-            self.arena.close()
-            self.graphs, self.masks, self._host, self.graph_bytes = None, None, None, {}
+            with gate.work():
+                self.graphs.drop()
+                self.arena.close()
+                self.graphs, self.masks, self._host, self.graph_bytes = None, None, None, {}
         super().close()
 

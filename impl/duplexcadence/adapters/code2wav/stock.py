@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from duplexcadence import gate
 from duplexcadence.adapters.code2wav.schedule import CODEBOOK_SIZE, NUM_QUANTIZERS, SAMPLES_PER_FRAME, UNIT, Turn
 from duplexcadence.payload import check_codes
 from duplexcadence.runtime import model_lock
@@ -52,14 +53,15 @@ class StockSession(Session):
         codes = parse_codes(payload)
         clock = self._clock.copy()
         context, waves, info = self.context, [], []
-        for call in clock.calls(int(codes.shape[1]), final):
-            window = torch.cat([context, codes[:, call.offset:call.offset + call.new]], dim=-1)
-            with self.lock, torch.inference_mode():
-                wav = self.model(window.reshape(1, NUM_QUANTIZERS, -1).to(self.device))
-                wave = wav[..., call.ctx * SAMPLES_PER_FRAME:].float()
-            waves.append(host_waveform(wave))
-            info.append(self._clock.info(call, waves[-1].size))
-            context = window[:, window.shape[1] - min(window.shape[1], clock.left_context):]
+        with gate.work():
+            for call in clock.calls(int(codes.shape[1]), final):
+                window = torch.cat([context, codes[:, call.offset:call.offset + call.new]], dim=-1)
+                with self.lock, torch.inference_mode():
+                    wav = self.model(window.reshape(1, NUM_QUANTIZERS, -1).to(self.device))
+                    wave = wav[..., call.ctx * SAMPLES_PER_FRAME:].float()
+                waves.append(host_waveform(wave))
+                info.append(self._clock.info(call, waves[-1].size))
+                context = window[:, window.shape[1] - min(window.shape[1], clock.left_context):]
         self.context, self._clock = context, clock
         return unit_output(waves, frames=int(codes.shape[1]), calls=info)
 

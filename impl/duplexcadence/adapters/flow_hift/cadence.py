@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from duplexcadence import gate
 from duplexcadence.clocks import Signature
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, host_waveform
@@ -41,14 +42,15 @@ class CadenceSession(CadenceBase):
 
     def __init__(self, model, *, graphs: bool | None = None, capture: str = "ahead", strict: bool = False,
                  arena_backend: str = "auto", noise: str = "host"):
-        self.vocoder = ArenaVocoder(model.t2w, noise=noise)
-        super().__init__(model, capture, arena_backend)
-        self.clock = MiniCPMClocks(self.specs, geometry(self.t2w.bounded_vocoder))
-        self.vocoder.declare(self.arena)
-        self.arena.declare("flow_mel", (1, self.vocoder.channels, 2 * facts.CHUNK_TOKENS), torch.float32)
-        self.finish(graphs, strict, (self.variant, self.n_steps, noise))
-        self.vocoder.attach(self.arena, self.graphs)
-        self._base = self._voice_base()
+        with gate.work():
+            self.vocoder = ArenaVocoder(model.t2w, noise=noise)
+            super().__init__(model, capture, arena_backend)
+            self.clock = MiniCPMClocks(self.specs, geometry(self.t2w.bounded_vocoder))
+            self.vocoder.declare(self.arena)
+            self.arena.declare("flow_mel", (1, self.vocoder.channels, 2 * facts.CHUNK_TOKENS), torch.float32)
+            self.finish(graphs, strict, (self.variant, self.n_steps, noise))
+            self.vocoder.attach(self.arena, self.graphs)
+            self._base = self._voice_base()
 
     def _voice_base(self) -> dict:
         """The voice's stream caches after `Token2wav.set_stream_cache` (token2wav.py L188-204; the demo clones them
@@ -68,8 +70,9 @@ class CadenceSession(CadenceBase):
     def start_turn(self) -> None:
         """Restore the voice's base caches into the arena (in place), reset the vocoder, buffer [4218] * 3."""
         self.open_turn()
-        self.flow.load(self._base)
-        self.vocoder.reset()
+        with gate.work():
+            self.flow.load(self._base)
+            self.vocoder.reset()
 
     def steady(self) -> list:
         clock = self.clock.copy()

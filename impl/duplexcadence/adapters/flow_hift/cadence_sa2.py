@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from duplexcadence import bind
+from duplexcadence import bind, gate
 from duplexcadence.clocks import Signature
 from duplexcadence.session import Capabilities, host_waveform
 
@@ -41,15 +41,16 @@ class StepAudio2CadenceSession(CadenceBase):
 
     def __init__(self, model, *, graphs: bool | None = None, capture: str = "ahead", strict: bool = False,
                  arena_backend: str = "auto"):
-        super().__init__(model, capture, arena_backend)
-        self.clock = StepAudio2Clocks(self.specs, self.n_steps)
-        self.rng = OwnGenerator(self.device, model.seed)
-        self.guard = self.rng.scratch
-        self.hift = GraphedHiFT(self.t2w, self.arena)
-        self.finish(graphs, strict, (self.variant, self.n_steps))
-        self.hift.attach()
-        # the stock set-up, once per session (t2w L102-115, ex L46), its DiT KV landing in the arena
-        self.flow.load(self.flow.set_up(self.prompt.key, (self.t2w, "stream_cache"), (self.t2w, "hift_cache_dict")))
+        with gate.work():
+            super().__init__(model, capture, arena_backend)
+            self.clock = StepAudio2Clocks(self.specs, self.n_steps)
+            self.rng = OwnGenerator(self.device, model.seed)
+            self.guard = self.rng.scratch
+            self.hift = GraphedHiFT(self.t2w, self.arena)
+            self.finish(graphs, strict, (self.variant, self.n_steps))
+            self.hift.attach()
+            # the stock set-up, once per session (t2w L102-115, ex L46), its DiT KV landing in the arena
+            self.flow.load(self.flow.set_up(self.prompt.key, (self.t2w, "stream_cache"), (self.t2w, "hift_cache_dict")))
 
     start_turn = CadenceBase.open_turn     # a new response: an empty buffer (ex L5); the caches carry over
 

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from duplexcadence import bind
+from duplexcadence import bind, gate
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import KeepAll, Signature
 from duplexcadence.graphs import GraphCache
@@ -202,20 +202,21 @@ class CadenceBase(TokenSession):
             if not isinstance(sig, Signature) or sig.step not in self.steps:
                 raise ValueError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
         before = {k: getattr(graphs.stats, k) for k in SessionStats.COUNTERS}
-        for sig in sigs if graphs.enabled else ():
-            if sig in graphs.entries:
-                continue
-            if graphs.warm_key(sig) not in graphs.warmed:
-                with torch.inference_mode():
-                    saved = {k: v.clone() for k, v in self.regions().items()}
-                try:
-                    with self.guard() if self.guard else torch.inference_mode():
-                        graphs.run(sig, self.step_for(sig))
-                finally:
+        with gate.work():
+            for sig in sigs if graphs.enabled else ():
+                if sig in graphs.entries:
+                    continue
+                if graphs.warm_key(sig) not in graphs.warmed:
                     with torch.inference_mode():
-                        for k, v in self.regions().items():
-                            v.copy_(saved[k])
-            graphs.capture(sig, self.step_for(sig))
+                        saved = {k: v.clone() for k, v in self.regions().items()}
+                    try:
+                        with self.guard() if self.guard else torch.inference_mode():
+                            graphs.run(sig, self.step_for(sig))
+                    finally:
+                        with torch.inference_mode():
+                            for k, v in self.regions().items():
+                                v.copy_(saved[k])
+                graphs.capture(sig, self.step_for(sig))
         return {k: getattr(graphs.stats, k) - before[k] for k in SessionStats.COUNTERS}
 
     def state(self) -> dict:
@@ -231,12 +232,12 @@ class CadenceBase(TokenSession):
         """Drop the graphs, every part's state and the arena now (the shared model stays)."""
         if self.closed:
             return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.graphs.drop()
-        for name in self.parts:
-            getattr(self, name).close()
-        self.arena.close()
-        self.flow = self.graphs = self.arena = None
-        self.static.clear()
+        with gate.work():
+            gate.synchronize(self.device)
+            self.graphs.drop()
+            for name in self.parts:
+                getattr(self, name).close()
+            self.arena.close()
+            self.flow = self.graphs = self.arena = None
+            self.static.clear()
         self.closed = True

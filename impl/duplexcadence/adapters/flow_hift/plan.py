@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 from typing import NamedTuple
 
+from duplexcadence import gate
 from duplexcadence.clocks import ClockError, Signature, signature
 from duplexcadence.errors import InputError
 from duplexcadence.payload import check_int, check_tokens
@@ -312,7 +313,8 @@ class TokenSession(Session):
         clock = self.clock.copy()
         plan = clock.plan(len(tokens), final)
         buf = self.buffer + tokens
-        waves = self.run_calls(plan, buf)
+        with gate.work():
+            waves = self.run_calls(plan, buf)
         self.clock, self.buffer = clock, (None if final else buf[plan.rest:])
         self.units += 1
         return unit_output(waves, calls=[c.call.n for c in plan.calls])

@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from duplexcadence import bind
+from duplexcadence import bind, gate
 from duplexcadence.errors import ConcurrencyError, InputError
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, SessionStats, host_waveform
@@ -141,7 +141,7 @@ class StockSession(_StockBase):
         self.clock = MiniCPMClocks(self.specs, geometry(bv))
         self._maxima = dict(bv.maxima)
         self._flow, self._hift = t2w.stream_cache, t2w.hift_cache_dict
-        with self.own(t2w._stream_prompt, bv.cache):
+        with self.own(t2w._stream_prompt, bv.cache), gate.work():      # the model lock first, then work()
             self._base = tuple(clone_recursive(c) for c in t2w.set_stream_cache(self.prompt.key))
         self._flow = self._hift = None
 
@@ -159,7 +159,8 @@ class StockSession(_StockBase):
     def start_turn(self) -> None:
         """Clones of the base caches and the [4218] * 3 buffer (unified L4406-4410)."""
         self.open_turn()
-        self._flow, self._hift = clone_recursive(self._base[0]), clone_recursive(self._base[1])
+        with gate.work():
+            self._flow, self._hift = clone_recursive(self._base[0]), clone_recursive(self._base[1])
 
     def vocoder_state(self) -> dict:
         h = self._hift if self._hift is not None else self._base[1]
@@ -179,7 +180,7 @@ class StepAudio2StockSession(_StockBase):
         self.clock = StepAudio2Clocks(self.specs, self.n_steps)
         self.rng = OwnGenerator(self.t2w.device, model.seed)
         self._flow, self._hift = None, {}
-        with self.own(draw=False):
+        with self.own(draw=False), gate.work():
             self.t2w.set_stream_cache(self.prompt.key)  # upstream has no inference_mode here (the flow has its own)
             self._flow, self._hift = self.t2w.stream_cache, self.t2w.hift_cache_dict
 

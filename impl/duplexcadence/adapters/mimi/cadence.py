@@ -21,6 +21,7 @@ import types
 
 import torch
 
+from duplexcadence import gate
 from duplexcadence.adapters.mimi.schedule import (
     BATCH, N_Q, POSITIONS_PER_FRAME, SAMPLES_PER_FRAME, UNIT, UNIT_SIZES, MimiClock, declare_regions, ring_rows)
 from duplexcadence.adapters.mimi.stock import CAPABILITIES, MimiSession, StreamStates
@@ -73,26 +74,27 @@ class CadenceSession(MimiSession):
                          if self.kv_mode == "stock" or b.kind != "RingKVCache.end_offset"]
         self.capacity = next(b.spec.policy.capacity for b in self.bindings if isinstance(b.spec.policy, Ring))
         row, most = N_Q + POSITIONS_PER_FRAME + self.capacity, UNIT.policy.bound()
-        self.arena = Arena(self.device, backend=spec.get("arena_backend", "auto"), name="mimi")
-        for b in self.bindings:
-            self.arena.declare(b.spec.name, getattr(b.owner, b.attr).shape, getattr(b.owner, b.attr).dtype)
-        self.arena.declare("io.unit", (most, row), torch.int64)
-        self.arena.declare("io.frame", (row,), torch.int64)
-        self.arena.declare("io.pcm", (BATCH, 1, most * SAMPLES_PER_FRAME), torch.float32)
-        self.arena.allocate()
-        for b in self.bindings:   # moshi's initial values in, then the session's own State points at the view
-            b.view = self.arena[b.spec.name].view(getattr(b.owner, b.attr).shape)
-            b.view.copy_(getattr(b.owner, b.attr))
-            setattr(b.owner, b.attr, b.view)
-        self.io = types.SimpleNamespace(row=None)         # the io row the decode call being run reads
-        for state in self.own.states.values():
-            if self.kv_mode == "host" and getattr(state, "kv_cache", None) is not None:
-                state.kv_cache = HostRingKV(state.kv_cache.cache, self.io)
-        self._unit, self._frame = self.arena["io.unit"].view((most, row)), self.arena["io.frame"].view((row,))
-        self._counted = [st for st in self.own.states.values() if hasattr(st, "offset_cpu")]
-        self.graphs = GraphCache(self.device, arena=self.arena, enabled=spec.get("graphs"), warmup=1,
-                                 inline=spec.get("capture") == "inline", lock=model_lock(model),
-                                 warmed=model_state(model).setdefault("mimi.warmed", set()))
+        with gate.work():
+            self.arena = Arena(self.device, backend=spec.get("arena_backend", "auto"), name="mimi")
+            for b in self.bindings:
+                self.arena.declare(b.spec.name, getattr(b.owner, b.attr).shape, getattr(b.owner, b.attr).dtype)
+            self.arena.declare("io.unit", (most, row), torch.int64)
+            self.arena.declare("io.frame", (row,), torch.int64)
+            self.arena.declare("io.pcm", (BATCH, 1, most * SAMPLES_PER_FRAME), torch.float32)
+            self.arena.allocate()
+            for b in self.bindings:   # moshi's initial values in, then the session's own State points at the view
+                b.view = self.arena[b.spec.name].view(getattr(b.owner, b.attr).shape)
+                b.view.copy_(getattr(b.owner, b.attr))
+                setattr(b.owner, b.attr, b.view)
+            self.io = types.SimpleNamespace(row=None)         # the io row the decode call being run reads
+            for state in self.own.states.values():
+                if self.kv_mode == "host" and getattr(state, "kv_cache", None) is not None:
+                    state.kv_cache = HostRingKV(state.kv_cache.cache, self.io)
+            self._unit, self._frame = self.arena["io.unit"].view((most, row)), self.arena["io.frame"].view((row,))
+            self._counted = [st for st in self.own.states.values() if hasattr(st, "offset_cpu")]
+            self.graphs = GraphCache(self.device, arena=self.arena, enabled=spec.get("graphs"), warmup=1,
+                                     inline=spec.get("capture") == "inline", lock=model_lock(model),
+                                     warmed=model_state(model).setdefault("mimi.warmed", set()))
         self.clock = MimiClock(tuple(b.spec for b in self.bindings), self.graph_mode)
         self.units = 0
 
@@ -121,13 +123,14 @@ class CadenceSession(MimiSession):
         frames) before anything runs: the arena and clocks are then unchanged."""
         codes, clock, sigs = self.begin_unit(payload, final)
         frames = int(codes.shape[1])
-        self._unit[:frames].copy_(torch.cat([codes.t(), ring_rows(self.clock.positions, frames, self.capacity)], 1))
-        pcm = self.arena["io.pcm"].view((BATCH, 1, frames * SAMPLES_PER_FRAME))
-        if self.graph_mode == "unit":
-            self.graphs.run(sigs[0], self._step(sigs[0]))
-        for t, sig in enumerate(sigs if self.graph_mode == "frame" else ()):
-            self._frame.copy_(self._unit[t])
-            pcm[..., t * SAMPLES_PER_FRAME:(t + 1) * SAMPLES_PER_FRAME].copy_(self.graphs.run(sig, self._step(sig)))
+        with gate.work():
+            self._unit[:frames].copy_(torch.cat([codes.t(), ring_rows(self.clock.positions, frames, self.capacity)], 1))
+            pcm = self.arena["io.pcm"].view((BATCH, 1, frames * SAMPLES_PER_FRAME))
+            if self.graph_mode == "unit":
+                self.graphs.run(sigs[0], self._step(sigs[0]))
+            for t, sig in enumerate(sigs if self.graph_mode == "frame" else ()):
+                self._frame.copy_(self._unit[t])
+                pcm[..., t * SAMPLES_PER_FRAME:(t + 1) * SAMPLES_PER_FRAME].copy_(self.graphs.run(sig, self._step(sig)))
         self.clock, self.units = clock, self.units + 1
         self._sync_counters()
         return unit_output([host_waveform(pcm)], frames=frames)
@@ -145,17 +148,18 @@ class CadenceSession(MimiSession):
         for sig in sigs:
             if sig._replace(size=1) != want or not 1 <= sig.size <= UNIT.policy.bound():
                 raise InputError(f"signatures: {sig!r} is not a step of this session (e.g. {want!r})")
-        for sig in sigs if self.graphs.enabled else ():
-            if not self.graphs.capture(sig, self._step(sig)) and sig not in self.graphs.eager_only:
-                snap = [b.view.clone() for b in self.bindings]
-                self._unit.copy_(torch.cat([torch.zeros(len(self._unit), N_Q, dtype=torch.int64),
-                                            ring_rows(self.clock.positions, len(self._unit), self.capacity)], 1))
-                self._frame.copy_(self._unit[0])
-                self.graphs.run(sig, self._step(sig))          # the warm-up
-                for b, s in zip(self.bindings, snap):
-                    b.view.copy_(s)
-                self.graphs.capture(sig, self._step(sig))
-            self._sync_counters()                # a capture runs moshi's Python, which advances offset_cpu
+        with gate.work():
+            for sig in sigs if self.graphs.enabled else ():
+                if not self.graphs.capture(sig, self._step(sig)) and sig not in self.graphs.eager_only:
+                    snap = [b.view.clone() for b in self.bindings]
+                    self._unit.copy_(torch.cat([torch.zeros(len(self._unit), N_Q, dtype=torch.int64),
+                                                ring_rows(self.clock.positions, len(self._unit), self.capacity)], 1))
+                    self._frame.copy_(self._unit[0])
+                    self.graphs.run(sig, self._step(sig))          # the warm-up
+                    for b, s in zip(self.bindings, snap):
+                        b.view.copy_(s)
+                    self.graphs.capture(sig, self._step(sig))
+                self._sync_counters()                # a capture runs moshi's Python, which advances offset_cpu
         after = self.stats()
         return {k: getattr(after, k) - getattr(before, k) for k in (*SessionStats.COUNTERS, "graphs", "graph_bytes")}
 
@@ -175,9 +179,10 @@ class CadenceSession(MimiSession):
     def close(self) -> None:
         """Free the graphs, the arena and the session's streaming states now."""
         if not self.closed:
-            self.graphs.drop()
-            self.own.close()
-            self.bindings, self._counted, self.io = [], [], None
-            self._unit = self._frame = self.graphs = None
-            self.arena.close()
+            with gate.work():
+                self.graphs.drop()
+                self.own.close()
+                self.bindings, self._counted, self.io = [], [], None
+                self._unit = self._frame = self.graphs = None
+                self.arena.close()
         super().close()

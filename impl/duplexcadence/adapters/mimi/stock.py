@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from duplexcadence import bind, upstream
+from duplexcadence import bind, gate, upstream
 from duplexcadence.adapters.mimi.schedule import (
     BATCH, CARDINALITY, N_Q, UNIT, MimiClock, declare_regions, on_decode_path)
 from duplexcadence.errors import ConcurrencyError
@@ -21,7 +21,8 @@ from duplexcadence.payload import check_codes
 from duplexcadence.runtime import model_lock
 from duplexcadence.session import Capabilities, Session, SessionStats, check_final, host_waveform, unit_output
 
-#: Held by every moshi decode in the process, inside the model lock: moshi's switches are module globals.
+#: Held by every moshi decode in the process, inside the model lock and gate.work() (a capture step takes it: never
+#: held while waiting for the gate): moshi's switches are module globals.
 SWITCHES = threading.Lock()
 CAPABILITIES = dict(turn_state="stream", concurrent=True, payload="frames", max_payload=UNIT.policy.bound())
 
@@ -34,7 +35,7 @@ class StreamStates:
 
     def __init__(self, model):
         self.lock, (_, self.mcompile) = model_lock(model), upstream.moshi()
-        with self.lock:
+        with self.lock, gate.work():         # the model lock first, then work() (duplexcadence.gate)
             current = model.get_streaming_state()
             if any(s is not None for s in current.values()):
                 raise ConcurrencyError("the Mimi model is streaming on its own (streaming / streaming_forever): "
@@ -105,9 +106,10 @@ class StockSession(MimiSession):
         Raises InputError (LimitError past 13 frames) before anything changes; `final` changes nothing."""
         codes, clock, _ = self.begin_unit(payload, final)
         frames = int(codes.shape[1])
-        tokens = codes.to(self.device)[None]                             # [1, 8, F], one copy per unit
-        with self.own.installed(moshi_graphs=self.moshi_graphs):
-            waves = [host_waveform(self.model.decode(tokens[:, :, t:t + 1])) for t in range(frames)]
+        with gate.work():
+            tokens = codes.to(self.device)[None]                             # [1, 8, F], one copy per unit
+            with self.own.installed(moshi_graphs=self.moshi_graphs):
+                waves = [host_waveform(self.model.decode(tokens[:, :, t:t + 1])) for t in range(frames)]
         self.clock, self.units = clock, self.units + 1
         return unit_output(waves, frames=frames)
 
