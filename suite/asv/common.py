@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 import workloads
-from duplexcadence import runtime
+from duplexcadence import gate, runtime
 from suite.measure import env, memory
 from suite.measure.session import (WARMUP_SPEAK_UNITS, ModeUnavailable, make_spec, modes, open_session, payload_of,
                                    select_units)
@@ -107,10 +107,10 @@ class Warm:
     _memory: dict | None = field(default=None, repr=False)
 
     def steady_unit(self) -> None:
-        """One steady SPEAK unit; on CUDA it returns after torch.cuda.synchronize()."""
+        """One steady SPEAK unit; on CUDA it returns after gate.synchronize() (torch.cuda.synchronize once no capture runs)."""
         self.session.speak(self.steady, final=False)
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            gate.synchronize(self.device)
 
     def stats(self):
         """The session's SessionStats."""
@@ -246,7 +246,7 @@ def _build(bench, key, wl, adapter, mode, steps, device) -> Warm:
             session.speak(payload, final=False)
             probe.observe()
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            gate.synchronize(device)
     except BaseException:
         if session is not None:
             session.close()

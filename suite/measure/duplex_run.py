@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from duplexcadence import graphs
+from duplexcadence import gate, graphs
 from duplexcadence.errors import ConcurrencyError
 from suite.measure import scheduler
 from suite.measure.duplex_session import (PERIOD_S, Driver, PoolEntry, Progress, footprint, has_work, metrics,
@@ -180,7 +180,7 @@ def run_sessions(workload, mode: str, session_plans: list[Plan], *, model, adapt
                               "phase_s": plan.phase_s, "reused": reused, "tail_lock": locked, "build_s": entry.build_s,
                               "prepared": jsonable(drv.prepared), **jsonable(plan.source)})
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            gate.synchronize(device)
         total = sum(has_work(u) for slot in sched.slots for u in slot.units)
         seconds = max((p.phase_s + len(p.units) * PERIOD_S for p in session_plans), default=0.0)
         sched.on_unit = Progress(f"{workload.name} {mode} N={n}", total, seconds, progress)
@@ -192,7 +192,7 @@ def run_sessions(workload, mode: str, session_plans: list[Plan], *, model, adapt
     finally:
         if streams:
             try:
-                torch.cuda.synchronize(device)     # nothing queued on a stream handed back
+                gate.synchronize(device)     # nothing queued on a stream handed back
             finally:
                 for st in streams:
                     graphs.STREAMS.release(st)

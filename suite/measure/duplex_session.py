@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from duplexcadence import gate
 from duplexcadence.errors import InputError
 from suite.measure.session import select_units
 
@@ -194,7 +195,7 @@ class Driver:
         if how == "oracle":
             out["oracle"] = self.session.prepare(oracle_signatures(self.session, units))
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            gate.synchronize(self.device)
         out["ms"] = (time.perf_counter() - t0) * 1e3
         self.prepared = out
         return out
@@ -214,7 +215,7 @@ class Driver:
             self.session.speak(synthetic_payload(fmt, caps.max_payload, seed=k), final=False)
         self.turn = None
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            gate.synchronize(self.device)
 
 
 # --- footprints ----------------------------------------------------------------------------------------

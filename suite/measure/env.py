@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from duplexcadence import upstream
+from duplexcadence import gate, upstream
 from suite.records import REPO_ROOT, git
 
 #: Untracked paths under these prefixes do not make the tree dirty: they are outputs, not code.
@@ -254,7 +254,7 @@ def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: 
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup: expected an int >= 0, got {warmup!r}")
     device = torch.device(device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync = (lambda: gate.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if buffers is None:
         x = torch.zeros(1, device=device)
         y = torch.empty_like(x)

@@ -35,6 +35,7 @@ import torch
 from tabulate import tabulate
 
 import workloads
+from duplexcadence import gate
 from duplexcadence.session import SessionStats
 from suite.measure import env
 from suite.measure.kernels import DATA_MOVEMENT_KERNELS, data_movement, trace_call, unit_timeline
@@ -183,7 +184,7 @@ def run_mode(workload, mode: str, device, *, depth: str = "released", steps: int
     idle = reader.used_mib() if reader is not None else None          # before CUDA starts in this process
     if cuda:
         torch.cuda.init()
-        torch.cuda.synchronize(dev)
+        gate.synchronize(dev)
     after_init = reader.used_mib() if reader is not None else None
     context = after_init - idle if None not in (idle, after_init) else None
     notes, label = [], f"{workload.name} {mode}"
@@ -202,7 +203,7 @@ def run_mode(workload, mode: str, device, *, depth: str = "released", steps: int
                 t0 = time.perf_counter()
                 counters = session.prepare(None)
                 if cuda:
-                    torch.cuda.synchronize(s.device)
+                    gate.synchronize(s.device)
                 prepare_ms = (time.perf_counter() - t0) * 1e3
                 prepared = device_sample(s.device, reader, session)
                 hist["take"]()

@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from duplexcadence import gate
+
 KERNEL_LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                       "cudaLaunchCooperativeKernel")
 GRAPH_LAUNCH_APIS = ("cudaGraphLaunch", "cuGraphLaunch")
@@ -94,12 +96,12 @@ def trace_call(fn, *args, device: torch.device | str = "cuda", keep: str | os.Pa
         out = fn(*args, **kwargs)
         return out, None, (time.perf_counter() - t0) * 1000.0
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    torch.cuda.synchronize(device)
+    gate.synchronize(device)
     with torch.profiler.profile(activities=acts) as prof:
         with torch.profiler.record_function(UNIT_MARK):
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
-            torch.cuda.synchronize(device)
+            gate.synchronize(device)
             wall = (time.perf_counter() - t0) * 1000.0
     if keep is not None:
         path, temporary = str(keep), False

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from duplexcadence import graphs
+from duplexcadence import gate, graphs
 from suite.measure.env import nvml_handle
 
 MIB = 2**20
@@ -74,7 +74,8 @@ class DeviceMemory:
     def used_mib(self) -> float:
         if self.handle is not None:
             return self._nvml.nvmlDeviceGetMemoryInfo(self.handle).used / MIB
-        free, total = torch.cuda.mem_get_info(self.device)
+        with gate.work():
+            free, total = torch.cuda.mem_get_info(self.device)
         return (total - free) / MIB
 
 
@@ -100,8 +101,9 @@ class MemoryProbe:
     def _settle(self) -> None:
         gc.collect()
         if self.cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
+            with gate.work():                  # empty_cache frees device memory: never beside a capture
+                gate.synchronize(self.device)
+                torch.cuda.empty_cache()
 
     def _current(self) -> dict:
         if self.cuda:
@@ -300,7 +302,7 @@ def device_sample(device: torch.device, reader: DriverReader | None, session=Non
     out = {"driver_used_mib": None, "allocated_mib": None, "reserved_mib": None, "cublas_primed_mib": None,
            "arena_reserved_mib": None, "arena_mapped_mib": None, "arena_backend": None, "graph_pool_mib": None}
     if cuda:
-        torch.cuda.synchronize(device)
+        gate.synchronize(device)
         out.update(driver_used_mib=reader.used_mib() if reader is not None else None,
                    allocated_mib=torch.cuda.memory_allocated(device) / MIB,
                    reserved_mib=torch.cuda.memory_reserved(device) / MIB,

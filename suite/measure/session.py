@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from duplexcadence import runtime
+from duplexcadence import gate, runtime
 from duplexcadence.session import SessionStats
 from suite.measure import env
 from suite.measure.kernels import profile_call
@@ -147,7 +147,7 @@ class UnitTimer:
     def __call__(self, fn, *args, **kwargs):
         """Returns (fn's result, tail_ms, wall_ms)."""
         if self.cuda:
-            torch.cuda.synchronize(self.device)
+            gate.synchronize(self.device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
@@ -156,7 +156,7 @@ class UnitTimer:
             wall = (time.perf_counter() - t0) * 1e3
             return out, wall, wall
         end.record()
-        torch.cuda.synchronize(self.device)
+        gate.synchronize(self.device)
         return out, float(start.elapsed_time(end)), (time.perf_counter() - t0) * 1e3
 
 
@@ -307,7 +307,7 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
         t0 = time.perf_counter()
         prep = session.prepare(None)
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            gate.synchronize(device)
         prepared = {"counters": jsonable(prep), "ms": (time.perf_counter() - t0) * 1e3}
         timer = UnitTimer(device)
         speak_idx = [int(u.index) for u in units if u.kind == "SPEAK"]

@@ -38,7 +38,7 @@ import torch
 from tabulate import tabulate
 
 import workloads
-from duplexcadence import bind, graphs, runtime
+from duplexcadence import bind, gate, graphs, runtime
 from suite.measure import env, trend
 from suite.measure.session import make_spec
 from suite.measure.stress_session import HANG_S, COLUMNS, Stress, Target, by_kind, compare, references
@@ -87,7 +87,7 @@ def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_u
                     device=device, progress=progress, hang_s=hang_s)
     facts = {"start": stress.sampler.now(), "wall_s": stress.run()}
     if stress.device.type == "cuda":
-        torch.cuda.synchronize(stress.device)
+        gate.synchronize(stress.device)
     facts.update(end=stress.sampler.now(), in_stress=len(stress.exceptions),
                  checks={"bind_patches_live_after": bind.live(), "streams_leased_after": graphs.STREAMS.leased()})
     params = {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads, "seconds": seconds,

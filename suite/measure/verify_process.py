@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from duplexcadence import gate
 from duplexcadence.errors import ConcurrencyError
 from suite.measure import env
 from suite.measure.kernels import profile_call
@@ -179,7 +180,7 @@ class Process:
     # --- helpers -----------------------------------------------------------------------------------------
     def _sync(self) -> None:
         if self.s.device.type == "cuda":
-            torch.cuda.synchronize(self.s.device)
+            gate.synchronize(self.s.device)
 
     def _printer(self, run: str):
         if not self.progress:
