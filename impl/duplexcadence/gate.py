@@ -110,6 +110,11 @@ class CaptureGate:
                     self._capturing = None
                     self._cond.notify_all()
 
+    def counts(self) -> dict:
+        """{"holders": threads inside work(), "waiting": captures waiting, "capturing": bool} (tests, diagnostics)."""
+        with self._cond:
+            return {"holders": self._holders, "waiting": self._waiting, "capturing": self._capturing is not None}
+
     def synchronize(self, device=None) -> None:
         """torch.cuda.synchronize(device) once no capture is in progress (inside work()); no-op off CUDA."""
         if device is not None and torch.device(device).type != "cuda":

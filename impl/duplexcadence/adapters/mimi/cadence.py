@@ -131,9 +131,10 @@ class CadenceSession(MimiSession):
             for t, sig in enumerate(sigs if self.graph_mode == "frame" else ()):
                 self._frame.copy_(self._unit[t])
                 pcm[..., t * SAMPLES_PER_FRAME:(t + 1) * SAMPLES_PER_FRAME].copy_(self.graphs.run(sig, self._step(sig)))
+            wave = host_waveform(pcm)                      # the unit's one device-to-host copy
         self.clock, self.units = clock, self.units + 1
         self._sync_counters()
-        return unit_output([host_waveform(pcm)], frames=frames)
+        return unit_output([wave], frames=frames)
 
     def prepare(self, signatures=None) -> dict:
         """Capture these signatures ahead (None: what every unit needs, units of `UNIT_SIZES` = 12 and 13

@@ -1,0 +1,285 @@
+"""duplexcadence.gate: shared work() against exclusive capture(), on host threads (CPU: no device needed).
+
+Every test uses its own CaptureGate, threads that signal with Events, and timeouts, so a deadlock fails the
+test instead of hanging it. A short `Event.wait(SHORT)` that must time out is the check that a thread is still
+blocked (nothing can signal "not yet").
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from duplexcadence import gate
+from duplexcadence.adapters import mimi
+from duplexcadence.adapters.mimi import schedule as ms
+from duplexcadence.gate import CaptureGate, OuterLock
+
+LONG, SHORT = 10.0, 0.2         # seconds: a deadlock bound; how long a blocked thread must stay blocked
+
+
+def start(target, *args) -> threading.Thread:
+    t = threading.Thread(target=target, args=args, daemon=True)
+    t.start()
+    return t
+
+
+def joined(*threads) -> bool:
+    for t in threads:
+        t.join(LONG)
+    return not any(t.is_alive() for t in threads)
+
+
+def until(condition) -> None:
+    """Wait (bounded) for a condition no Event can signal: a thread blocked inside the gate."""
+    deadline = time.monotonic() + LONG
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.001)
+
+
+def test_a_capture_waits_for_work_in_progress_and_runs_alone():
+    g, log = CaptureGate(), []
+    in_work, finish_work = threading.Event(), threading.Event()
+    captured = threading.Event()
+
+    def worker():
+        with g.work():
+            in_work.set()
+            finish_work.wait(LONG)
+            log.append("work ends")
+
+    def capturer():
+        in_work.wait(LONG)
+        with g.capture():
+            log.append(("capture", g.counts()))
+        captured.set()
+
+    threads = [start(worker), start(capturer)]
+    until(lambda: g.counts()["waiting"] == 1)
+    assert not captured.wait(SHORT)                       # blocked while the other thread works
+    finish_work.set()
+    assert joined(*threads) and captured.is_set()
+    assert log == ["work ends", ("capture", {"holders": 0, "waiting": 0, "capturing": True})]
+    assert g.counts() == {"holders": 0, "waiting": 0, "capturing": False}
+
+
+def test_work_entered_while_a_capture_waits_blocks_until_the_capture_ends():
+    g, log = CaptureGate(), []
+    in_work, finish_work, finish_capture = threading.Event(), threading.Event(), threading.Event()
+    late_in = threading.Event()
+
+    def worker():
+        with g.work():
+            in_work.set()
+            finish_work.wait(LONG)
+
+    def capturer():
+        with g.capture():
+            log.append("capture starts")
+            finish_capture.wait(LONG)
+            log.append("capture ends")
+
+    def late():
+        with g.work():
+            log.append("late work")
+            late_in.set()
+
+    a = start(worker)
+    in_work.wait(LONG)
+    b = start(capturer)
+    until(lambda: g.counts()["waiting"] == 1)
+    c = start(late)
+    assert not late_in.wait(SHORT)                        # writer preference: no new work while a capture waits
+    finish_work.set()
+    until(lambda: g.counts()["capturing"])
+    assert not late_in.wait(SHORT)                        # nor while it runs
+    finish_capture.set()
+    assert joined(a, b, c) and log == ["capture starts", "capture ends", "late work"]
+
+
+def test_work_is_reentrant_even_while_a_capture_waits():
+    g = CaptureGate()
+    outer, go_inner, inner = threading.Event(), threading.Event(), threading.Event()
+    captured = threading.Event()
+
+    def worker():
+        with g.work():
+            outer.set()
+            go_inner.wait(LONG)
+            with g.work():                               # a nested entry never waits for the capture
+                with g.work():
+                    inner.set()
+            assert g.counts()["holders"] == 1
+
+    def capturer():
+        with g.capture():
+            captured.set()
+
+    a = start(worker)
+    outer.wait(LONG)
+    b = start(capturer)
+    until(lambda: g.counts()["waiting"] == 1)
+    go_inner.set()
+    assert inner.wait(LONG) and joined(a, b) and captured.is_set()
+
+
+def test_two_threads_capturing_from_inside_their_own_work_do_not_deadlock():
+    g, both_in_work, lock = CaptureGate(), threading.Barrier(2, timeout=LONG), threading.Lock()
+    active, seen, after = [0], [], []
+
+    def session():
+        with g.work():
+            both_in_work.wait()                          # both hold work() before either captures
+            with g.capture():
+                with lock:
+                    active[0] += 1
+                    seen.append(active[0])
+                with g.work():                           # the capture's own step: passes through
+                    pass
+                with lock:
+                    active[0] -= 1
+            after.append(g.counts()["holders"] >= 1)     # its hold is back after the capture
+
+    assert joined(start(session), start(session))
+    assert seen == [1, 1] and after == [True, True]
+    assert g.counts() == {"holders": 0, "waiting": 0, "capturing": False}
+
+
+def test_synchronize_waits_for_a_capture_in_progress(monkeypatch):
+    g, log = CaptureGate(), []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("synchronize", str(device))))
+    capturing, finish_capture, synced = threading.Event(), threading.Event(), threading.Event()
+
+    def capturer():
+        with g.capture():
+            capturing.set()
+            finish_capture.wait(LONG)
+            log.append("capture ends")
+
+    def syncer():
+        g.synchronize("cuda:0")
+        synced.set()
+
+    a = start(capturer)
+    capturing.wait(LONG)
+    b = start(syncer)
+    assert not synced.wait(SHORT)
+    finish_capture.set()
+    assert joined(a, b) and log == ["capture ends", ("synchronize", "cuda:0")]
+    g.synchronize("cpu")                                 # off CUDA: nothing
+    assert len(log) == 2
+
+
+def test_exceptions_inside_work_and_capture_release_the_gate():
+    g, raised = CaptureGate(), []
+
+    def failing():                                       # on a thread: a gate left held hangs it, not the test
+        for outer, inner, exc in ((g.work, g.work, ValueError), (g.work, g.capture, KeyError),
+                                  (g.capture, g.capture, None)):
+            try:
+                with outer(), inner():
+                    raise exc("in a step")
+            except Exception as e:                       # noqa: BLE001 - which one is asserted below
+                raised.append(type(e).__name__ if exc else str(e))
+
+    assert joined(start(failing))
+    assert raised == ["ValueError", "KeyError", "capture(): this thread is capturing already (CUDA captures do not nest)"]
+    assert g.counts() == {"holders": 0, "waiting": 0, "capturing": False}
+    ran = threading.Event()
+
+    def other():                                         # another thread captures and works afterwards
+        with g.capture():
+            pass
+        with g.work():
+            ran.set()
+
+    assert joined(start(other)) and ran.is_set()
+
+
+def test_a_model_lock_taken_inside_work_waits_outside_it():
+    # A holds the model lock and captures (GraphCache.capture's order); B, inside work(), wants the lock. With
+    # B's hold kept while it waited, A's capture would wait for B and B for A.
+    g = CaptureGate()
+    lock = OuterLock(g)
+    a_locked, b_waiting = threading.Event(), threading.Event()
+    log = []
+
+    def a():
+        with lock:
+            a_locked.set()
+            b_waiting.wait(LONG)
+            with g.capture():
+                log.append("a captures")
+
+    def b():
+        a_locked.wait(LONG)
+        with g.work():
+            b_waiting.set()
+            with lock:
+                log.append("b has the lock")
+            assert g.counts()["holders"] == 1             # its hold is back
+
+    assert joined(start(a), start(b)) and log == ["a captures", "b has the lock"]
+    assert lock.acquire(blocking=False)
+    lock.release()
+
+
+# --- an adapter's device work runs inside work() ----------------------------------------------------
+class RecordingWork:
+    """A stand-in for gate.work: counts how deep this (single) thread is inside it."""
+
+    def __init__(self):
+        self.depth = 0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+
+class DeviceCalls(TorchFunctionMode):
+    """Records, for each device copy (`.to(device)`, `.copy_`, `.cpu()`) and decoder kernel (conv1d, conv
+    transpose), whether it ran inside work()."""
+
+    KERNELS = ("conv1d", "conv_transpose1d")
+
+    def __init__(self, work: RecordingWork):
+        super().__init__()
+        self.work, self.calls = work, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        moves = name == "to" and any(isinstance(a, (str, torch.device)) for a in (*args[1:], *kwargs.values()))
+        if moves or name in ("copy_", "cpu", *self.KERNELS):
+            self.calls.append((name, self.work.depth > 0))
+        return func(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def mimi_model():
+    return mimi.build_model({}, device="cpu", depth="reduced", seed=0)
+
+
+@pytest.mark.parametrize("mode", ["stock", "cadence"])
+def test_a_sessions_device_work_runs_inside_work(monkeypatch, mimi_model, mode):
+    work = RecordingWork()
+    monkeypatch.setattr(gate, "work", work)
+    codes = torch.randint(0, ms.CARDINALITY, (ms.N_Q, 2), generator=torch.Generator().manual_seed(7))
+    with DeviceCalls(work) as calls:
+        session = mimi.new_session(mimi_model, mode, {})
+        session.start_turn()
+        session.speak(codes)
+        session.close()
+    names = {name for name, _ in calls.calls}
+    assert {"conv1d", "cpu"} <= names and (mode == "cadence" or "to" in names), names
+    outside = [name for name, inside in calls.calls if not inside]
+    assert outside == [], f"{len(outside)} of {len(calls.calls)} device calls outside gate.work(): {outside[:5]}"
