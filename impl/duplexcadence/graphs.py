@@ -188,8 +188,9 @@ class GraphCache:
     warmup: eager runs of a new signature before it is captured; warmed: a set shared across the caches
     of one model (see the module docstring), None = per cache; warm_key: what a warm-up is counted under
     (default the signature itself; e.g. `lambda s: s.step` warms a whole step family with one eager run,
-    after which every signature of that family can be captured ahead); lock: a context manager (e.g. a
-    threading.RLock shared per model) held around every eager run and capture, None = no lock.
+    after which every signature of that family can be captured ahead); lock: a context manager (the model's
+    runtime.model_lock, a gate.OuterLock) held around every eager run and capture, None = no lock. Every call
+    runs inside gate.work(); a capture inside gate.capture() (alone in the process).
     inline: True captures a new signature inside `run` (after its warm-up); False never captures there:
     an uncaptured signature runs eagerly and counts as an eager fallback, and graphs come only from
     `capture` (ahead of time, outside any timed unit).
