@@ -188,7 +188,7 @@ def test_exceptions_inside_work_and_capture_release_the_gate():
                 raised.append(type(e).__name__ if exc else str(e))
 
     assert joined(start(failing))
-    assert raised == ["ValueError", "KeyError", "capture(): this thread is capturing already (CUDA captures do not nest)"]
+    assert raised[:2] == ["ValueError", "KeyError"] and "do not nest" in raised[2]
     assert g.counts() == {"holders": 0, "waiting": 0, "capturing": False}
     ran = threading.Event()
 

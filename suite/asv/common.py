@@ -107,7 +107,7 @@ class Warm:
     _memory: dict | None = field(default=None, repr=False)
 
     def steady_unit(self) -> None:
-        """One steady SPEAK unit; on CUDA it returns after gate.synchronize() (torch.cuda.synchronize once no capture runs)."""
+        """One steady SPEAK unit; on CUDA it returns after gate.synchronize() (no capture meets it)."""
         self.session.speak(self.steady, final=False)
         if self.device.type == "cuda":
             gate.synchronize(self.device)
