@@ -358,6 +358,8 @@ def test_cuda_memory_probe_sees_a_session_allocation():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA-event timing, driver memory")
 def test_cuda_run_times_and_measures_memory(fake_adapter):
+    # blocks cached by earlier tests in this process would serve the session without a driver allocation
+    torch.cuda.empty_cache()
     res = session.run_workload(workload(turns=3, speak_per_turn=4), "stock", "cuda", progress=False)
     speak = [r for r in res.units if r.kind == "SPEAK"]
     assert all(r.tail_ms > 0 and r.kernels is None for r in speak)       # a memory run: no profiler
