@@ -19,23 +19,6 @@ from suite.records import RUN_SCHEMA, UnitRecord
 RATE = 24000
 
 
-@pytest.fixture
-def fake_adapter(monkeypatch):
-    return fakes.register(monkeypatch)
-
-
-@pytest.fixture
-def clean_tree(monkeypatch):
-    """Provenance of a clean checkout (a shared working tree is dirty while others work in it)."""
-    real = env.provenance
-
-    def clean(command=None, *, device="cpu"):
-        prov = real(command, device=device)
-        prov.update(git_dirty=False, git_status=[])
-        return prov
-    monkeypatch.setattr(env, "provenance", clean)
-
-
 # --- records ---------------------------------------------------------------------------------------------
 RECORD_FIELDS = {"index", "kind", "turn", "final", "t_start_s", "payload", "payload_size", "samples", "tail_ms",
                  "wall_ms", "measured", "sha256_f32", "sha256_pcm16", "std", "clipped_frac", "stats", "info",
