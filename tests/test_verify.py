@@ -15,7 +15,7 @@ import torch
 
 import fakes
 from fakes import workload
-from suite.measure import env, session, verify
+from suite.measure import session, verify
 from suite.records import VERIFY_SCHEMA
 from suite.records.paired import Protocol, Summary, unpack_pairs
 
