@@ -33,3 +33,19 @@ def pytest_collection_modifyitems(config, items):
             if str(mark.kwargs.get("reason", "")).startswith("needs CUDA"):
                 item.add_marker(pytest.mark.gpu)
                 break
+
+
+@pytest.fixture
+def fake_adapter(monkeypatch):
+    """The fake adapter (tests/fakes.py) registered as architecture "fake"; returns it."""
+    import fakes
+    return fakes.register(monkeypatch)
+
+
+@pytest.fixture
+def clean_tree(monkeypatch):
+    """Provenance of a clean checkout (a shared working tree is dirty while others work in it)."""
+    from suite.measure import env
+    real = env.provenance
+    monkeypatch.setattr(env, "provenance", lambda command=None, *, device="cpu": {
+        **real(command, device=device), "git_dirty": False, "git_status": []})

@@ -19,7 +19,7 @@ from suite import records, reproduce
 from suite.measure import session, verify as verify_harness
 from suite.records.paired import Protocol
 from suite.report import cli as report, document, single
-from test_reproduce_stages import clean_tree, inline  # noqa: F401
+from test_reproduce_stages import inline
 
 
 @pytest.fixture

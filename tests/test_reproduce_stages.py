@@ -86,14 +86,6 @@ def inline(stage, out_dir, timeout_s, options):
 
 
 @pytest.fixture
-def clean_tree(monkeypatch):
-    from suite.measure import env
-    real = env.provenance
-    monkeypatch.setattr(env, "provenance", lambda command=None, *, device="cpu": {
-        **real(command, device=device), "git_dirty": False, "git_status": []})
-
-
-@pytest.fixture
 def fake_registry(monkeypatch):
     fakes.register(monkeypatch)
     registry = {"fake": fakes.workload(turns=3, speak_per_turn=12)}

@@ -19,23 +19,6 @@ from suite.records import RUN_SCHEMA, UnitRecord
 RATE = 24000
 
 
-@pytest.fixture
-def fake_adapter(monkeypatch):
-    return fakes.register(monkeypatch)
-
-
-@pytest.fixture
-def clean_tree(monkeypatch):
-    """Provenance of a clean checkout (a shared working tree is dirty while others work in it)."""
-    real = env.provenance
-
-    def clean(command=None, *, device="cpu"):
-        prov = real(command, device=device)
-        prov.update(git_dirty=False, git_status=[])
-        return prov
-    monkeypatch.setattr(env, "provenance", clean)
-
-
 # --- records ---------------------------------------------------------------------------------------------
 RECORD_FIELDS = {"index", "kind", "turn", "final", "t_start_s", "payload", "payload_size", "samples", "tail_ms",
                  "wall_ms", "measured", "sha256_f32", "sha256_pcm16", "std", "clipped_frac", "stats", "info",
@@ -358,6 +341,8 @@ def test_cuda_memory_probe_sees_a_session_allocation():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA-event timing, driver memory")
 def test_cuda_run_times_and_measures_memory(fake_adapter):
+    # blocks cached by earlier tests in this process would serve the session without a driver allocation
+    torch.cuda.empty_cache()
     res = session.run_workload(workload(turns=3, speak_per_turn=4), "stock", "cuda", progress=False)
     speak = [r for r in res.units if r.kind == "SPEAK"]
     assert all(r.tail_ms > 0 and r.kernels is None for r in speak)       # a memory run: no profiler

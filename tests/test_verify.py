@@ -15,27 +15,11 @@ import torch
 
 import fakes
 from fakes import workload
-from suite.measure import env, session, verify
+from suite.measure import session, verify
 from suite.records import VERIFY_SCHEMA
 from suite.records.paired import Protocol, Summary, unpack_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def fake_adapter(monkeypatch):
-    return fakes.register(monkeypatch)
-
-
-@pytest.fixture
-def clean_tree(monkeypatch):
-    real = env.provenance
-
-    def clean(command=None, *, device="cpu"):
-        prov = real(command, device=device)
-        prov.update(git_dirty=False, git_status=[])
-        return prov
-    monkeypatch.setattr(env, "provenance", clean)
 
 
 def run(wl, **protocol):

@@ -61,21 +61,28 @@ def timing_rows() -> tuple:
     return tuple(read_local("csv", TIMINGS))
 
 
-def speech_ms(recording: str = RECORDING, speaker: str = MODEL_SPEAKER, start_ms: int = WINDOW_START_MS,
-              units: int = WINDOW_UNITS) -> list[int]:
-    """Milliseconds of `speaker`'s speech in each one-second unit of the window (segments merged).
-    Raises ValueError if the recording or speaker is not in the timing file."""
-    rows = [r for r in timing_rows() if r["recording_id"] == recording]
-    segs = sorted((round(r["start_s"] * 1000), round(r["end_s"] * 1000)) for r in rows
-                  if r["speaker"] == speaker)
-    if not segs:
-        raise ValueError(f"{TIMINGS}: no rows for recording {recording!r}, speaker {speaker!r}")
+@functools.lru_cache(maxsize=None)
+def merged_segments(recording: str, speaker: str) -> tuple[tuple[int, int], ...]:
+    """`speaker`'s speech in `recording` as sorted, disjoint [start, end) ms segments (overlaps merged); empty
+    when the timing file has no rows for them."""
+    segs = sorted((round(r["start_s"] * 1000), round(r["end_s"] * 1000)) for r in timing_rows()
+                  if r["recording_id"] == recording and r["speaker"] == speaker)
     merged: list[list[int]] = []
     for s, e in segs:
         if merged and s <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], e)
         else:
             merged.append([s, e])
+    return tuple((s, e) for s, e in merged)
+
+
+def speech_ms(recording: str = RECORDING, speaker: str = MODEL_SPEAKER, start_ms: int = WINDOW_START_MS,
+              units: int = WINDOW_UNITS) -> list[int]:
+    """Milliseconds of `speaker`'s speech in each one-second unit of the window (segments merged).
+    Raises ValueError if the recording or speaker is not in the timing file."""
+    merged = merged_segments(recording, speaker)
+    if not merged:
+        raise ValueError(f"{TIMINGS}: no rows for recording {recording!r}, speaker {speaker!r}")
     out = []
     for k in range(units):
         a = start_ms + k * UNIT_MS

@@ -56,25 +56,10 @@ def recordings() -> list[str]:
     return sorted({r["recording_id"] for r in make_sessions.timing_rows()})
 
 
-@functools.lru_cache(maxsize=None)
-def _merged(recording: str, speaker: str) -> tuple[tuple[int, int], ...]:
-    """`speaker`'s speech in `recording` as sorted, disjoint [start, end) ms segments (overlaps merged as
-    make_sessions.speech_ms merges them)."""
-    segs = sorted((round(r["start_s"] * 1000), round(r["end_s"] * 1000)) for r in make_sessions.timing_rows()
-                  if r["recording_id"] == recording and r["speaker"] == speaker)
-    merged: list[list[int]] = []
-    for s, e in segs:
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    return tuple((s, e) for s, e in merged)
-
-
 def speech_ms(recording: str, speaker: str, start_ms: int, units: int) -> list[int]:
     """make_sessions.speech_ms (ms of `speaker`'s speech in each one-second unit from `start_ms`), the same
     ints from the segments that overlap each unit only (bisect), so scanning every window stays fast."""
-    merged = _merged(recording, speaker)
+    merged = make_sessions.merged_segments(recording, speaker)
     ends = [e for _, e in merged]
     out = []
     for k in range(units):
@@ -93,7 +78,7 @@ def _windows(units: int) -> tuple[Window, ...]:
     out = []
     for rec in recordings():
         for spk in SPEAKERS:
-            segs = _merged(rec, spk)
+            segs = make_sessions.merged_segments(rec, spk)
             if not segs:
                 continue
             start, end = segs[0][0], max(e for _, e in segs)

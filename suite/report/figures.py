@@ -94,7 +94,9 @@ def status(entries: dict, harness: str) -> str:
     if e is None:
         return "not in this run"
     st = e["state"]
-    return st["status"] + (f": {st['reason']}" if st.get("reason") and st["status"] != "done" else "")
+    if st["status"] == "done":
+        return "its stage ran and gave no figure: a CPU run, or too few units"
+    return st["status"] + (f": {st['reason']}" if st.get("reason") else "")
 
 
 # --- duplex ----------------------------------------------------------------------------------------------

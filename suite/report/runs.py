@@ -75,7 +75,7 @@ def gpu_coverage(data: dict, results_root: Path | None = None) -> str:
         for p in sorted(results_root.glob("*/run.json")) + sorted(results_root.glob("*/*/run.json")):
             rec = read_json(p)
             if rec and rec.get("comparison") is not None:
-                cands.append((rec, str(p.parent)))
+                cands.append((rec, str(p.parent.relative_to(results_root.parent))))
     cuda = [(r, src) for r, src in cands if str(r.get("device", "")).startswith("cuda")]
     if not cuda:
         return "No GPU verification in this run or under results/."
