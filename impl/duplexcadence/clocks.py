@@ -9,6 +9,7 @@ Clocks advance on the host only (Python ints); nothing here reads the device.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Hashable, NamedTuple, Union
@@ -19,6 +20,16 @@ from duplexcadence.errors import LimitError
 class ClockError(LimitError):
     """A declared bound would be crossed; the message names the region, the bound and the value.
     A `LimitError` (so an `InputError`): raised before anything runs, nothing changed."""
+
+
+@contextmanager
+def argument(name: str):
+    """A ClockError raised inside names the caller's argument that carried the value first
+    ("codes: region 'unit': ..."); its session_usable is kept."""
+    try:
+        yield
+    except ClockError as exc:
+        raise ClockError(f"{name}: {exc}", session_usable=exc.session_usable) from None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,9 @@ import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from duplexcadence.errors import InputError
 from duplexcadence.gate import OuterLock
 from duplexcadence.session import UnitOutput
 
@@ -69,12 +71,30 @@ class OpenModel:
         return self.adapter.new_session(self.native, mode, options)
 
 
+def check_device(device) -> torch.device:
+    """`device` ("cpu", "cuda", "cuda:N" or a torch.device of those) as a torch.device. Raises InputError naming
+    the argument for another type or device type, a string torch cannot parse, or CUDA where this torch has
+    none or fewer devices."""
+    try:
+        dev = torch.device(device) if isinstance(device, (str, torch.device)) else None
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise InputError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            raise InputError(f"device: {device!r} asked for, but this torch ({torch.__version__}) sees "
+                             f"{count} CUDA device(s); use device='cpu'")
+    return dev
+
+
 def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 0, **spec) -> OpenModel:
     """Build the released model `name` (a key of MODELS) on `device` with seeded random weights, or from
     `checkpoint=DIR_OR_FILE` in the released layout. depth: "released" or "reduced" (the same classes,
     fewer layers: CPU tests). spec: the model's options (voice_prompt=WAV path for the flow-matching
-    decoders, n_timesteps, prompt_seconds, dtype, ...). Raises KeyError naming the known models and
-    ValueError naming a missing required option."""
+    decoders, n_timesteps, prompt_seconds, dtype, ...). Raises KeyError naming the known models,
+    ValueError naming a missing required option and InputError for a device this machine lacks (check_device)."""
     if name not in MODELS:
         raise KeyError(f"model {name!r}: expected one of {sorted(MODELS)}")
     entry = MODELS[name]
@@ -82,6 +102,7 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
     if missing:
         raise ValueError(f"open_model({name!r}): {', '.join(missing)} is required (e.g. voice_prompt='voice.wav', "
                          f"a 24 kHz WAV of the voice to speak in)")
+    check_device(device)
     full = {**entry.spec, **spec}
     mod = adapter(entry.architecture)
     return OpenModel(entry, mod, mod.build_model(full, device=device, depth=depth, seed=seed), full)

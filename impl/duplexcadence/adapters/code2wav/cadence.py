@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from duplexcadence import bind, gate, upstream
+from duplexcadence import bind, clocks, gate, upstream
 from duplexcadence.adapters.code2wav.schedule import NUM_QUANTIZERS, SAMPLES_PER_FRAME, UNIT, Call, Turn, window
 from duplexcadence.adapters.code2wav.stock import CAPABILITIES, parse_codes
 from duplexcadence.arena import Arena
@@ -136,7 +136,8 @@ class CadenceSession(Session):
         final = check_final(final)
         codes = parse_codes(payload)
         clock = self._clock.copy()
-        calls = clock.calls(int(codes.shape[1]), final)
+        with clocks.argument("codes"):
+            calls = clock.calls(int(codes.shape[1]), final)
         waves, info = [], []
         with gate.work():
             for k, call in enumerate(calls):

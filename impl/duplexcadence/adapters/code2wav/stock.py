@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from duplexcadence import gate
+from duplexcadence import clocks, gate
 from duplexcadence.adapters.code2wav.schedule import CODEBOOK_SIZE, NUM_QUANTIZERS, SAMPLES_PER_FRAME, UNIT, Turn
 from duplexcadence.payload import check_codes
 from duplexcadence.runtime import model_lock
@@ -54,7 +54,9 @@ class StockSession(Session):
         clock = self._clock.copy()
         context, waves, info = self.context, [], []
         with gate.work():
-            for call in clock.calls(int(codes.shape[1]), final):
+            with clocks.argument("codes"):
+                calls = clock.calls(int(codes.shape[1]), final)
+            for call in calls:
                 window = torch.cat([context, codes[:, call.offset:call.offset + call.new]], dim=-1)
                 with self.lock, torch.inference_mode():
                     wav = self.model(window.reshape(1, NUM_QUANTIZERS, -1).to(self.device))

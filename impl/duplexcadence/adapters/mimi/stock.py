@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from duplexcadence import bind, gate, upstream
+from duplexcadence import bind, clocks, gate, upstream
 from duplexcadence.adapters.mimi.schedule import (
     BATCH, CARDINALITY, N_Q, UNIT, MimiClock, declare_regions, on_decode_path)
 from duplexcadence.errors import ConcurrencyError
@@ -81,7 +81,8 @@ class MimiSession(Session):
         self.check_open("speak")
         check_final(final)
         codes, clock = check_codes(payload, n_q=N_Q, cardinality=CARDINALITY, max_frames=None), self.clock.copy()
-        return codes, clock, clock.unit(int(codes.shape[1]), final)
+        with clocks.argument("codes"):
+            return codes, clock, clock.unit(int(codes.shape[1]), final)
 
 
 class StockSession(MimiSession):

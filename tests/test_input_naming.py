@@ -1,0 +1,57 @@
+"""Bad input names the argument that carried it: a unit past its clock's bound says `codes`, and a device this
+machine lacks is refused by open_model before anything is built."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from duplexcadence import clocks, runtime
+from duplexcadence.errors import InputError, LimitError
+
+
+def codes(frames: int, n_q: int, seed: int = 0) -> list:
+    return np.random.default_rng(seed).integers(0, 2048, size=(n_q, frames)).tolist()
+
+
+def test_argument_prefixes_a_clock_error_and_keeps_its_type_and_usability():
+    with pytest.raises(clocks.ClockError, match=r"^codes: region 'unit'") as info:
+        with clocks.argument("codes"):
+            raise clocks.ClockError("region 'unit': past its bound", session_usable=False)
+    assert isinstance(info.value, LimitError) and info.value.session_usable is False
+    with clocks.argument("codes"):       # nothing raised: nothing changed
+        pass
+    with pytest.raises(ValueError, match="^other$"):
+        with clocks.argument("codes"):
+            raise ValueError("other")
+
+
+@pytest.mark.parametrize("name, n_q, bound", [("moshi", 8, 13), ("qwen3_omni", 16, 13)])
+@pytest.mark.parametrize("mode", ["stock", "cadence"])
+def test_a_unit_past_the_bound_names_codes_and_the_session_goes_on(name, n_q, bound, mode):
+    model = runtime.open_model(name, device="cpu", depth="reduced")
+    bad, good = model.session(mode), model.session(mode)
+    try:
+        bad.start_turn(), good.start_turn()
+        with pytest.raises(clocks.ClockError, match=rf"^codes: .*{bound}") as info:
+            bad.speak(codes(bound + 1, n_q))
+        assert info.value.session_usable
+        unit = codes(bound - 1, n_q, seed=1)
+        assert bad.speak(unit).sha256() == good.speak(unit).sha256()
+    finally:
+        bad.close(), good.close()
+
+
+@pytest.mark.parametrize("device, match", [("tpu", "expected 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+                                           (3, "expected 'cpu', 'cuda' or 'cuda:N', got 3"),
+                                           ("meta", "expected .*, got 'meta'")])
+def test_open_model_refuses_a_device_it_cannot_use_naming_it(device, match):
+    with pytest.raises(InputError, match=rf"^device: {match}"):
+        runtime.open_model("moshi", device=device, depth="reduced")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch has no CUDA")
+def test_open_model_refuses_cuda_without_cuda():
+    with pytest.raises(InputError, match=r"^device: 'cuda' asked for, but this torch .* sees 0 CUDA device"):
+        runtime.open_model("moshi", device="cuda", depth="reduced")
+    assert runtime.check_device("cpu") == torch.device("cpu")
