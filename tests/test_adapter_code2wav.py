@@ -10,6 +10,7 @@ written out by hand from the stock code (transformers 5.17.0 `chunked_decode`, v
 """
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import random
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+import threaded  # tests/ is on sys.path under pytest
 from duplexcadence import bind
 from duplexcadence.adapters import code2wav as c2w
 from duplexcadence.adapters.code2wav import schedule as cs
@@ -625,44 +627,22 @@ def test_sessions_on_threads_equal_each_alone(model):
               "units": [(c, k == 7) for k, c in enumerate(make_units([13, 12] * 4, seed=22))]}]
     alone = [None] + [run_alone(model, plan) for plan in plans[1:]]
     alone[0] = alone[1]                 # the stock session alone: bit-exact cadence gives its bytes
-    got, errors, done = [None] * len(plans), [], threading.Event()
+    got = [None] * len(plans)
 
     def speaker(i):
         rng = random.Random(30 + i)
-        try:
-            time.sleep(rng.uniform(0, 0.03))
-            session = c2w.new_session(model, plans[i]["mode"], dict(plans[i]["spec"]))
-            session.start_turn()
-            outs = []
-            for codes, final in plans[i]["units"]:
-                time.sleep(rng.uniform(0, 0.005))
-                outs.append(session.speak(codes, final=final).waveform.tobytes())
-            session.close()
-            got[i] = outs
-        except Exception as exc:   # noqa: BLE001 - every exception is a failure, reported below
-            errors.append(f"session {i}: {type(exc).__name__}: {exc}")
+        time.sleep(rng.uniform(0, 0.03))
+        session = c2w.new_session(model, plans[i]["mode"], dict(plans[i]["spec"]))
+        session.start_turn()
+        outs = []
+        for codes, final in plans[i]["units"]:
+            time.sleep(rng.uniform(0, 0.005))
+            outs.append(session.speak(codes, final=final).waveform.tobytes())
+        session.close()
+        got[i] = outs
 
-    def churn():
-        rng, k = random.Random(29), 0
-        try:
-            while not done.is_set():
-                session = c2w.new_session(model, ("cadence", "stock")[k % 2], spec)
-                time.sleep(rng.uniform(0, 0.01))
-                session.close()
-                time.sleep(rng.uniform(0, 0.01))
-                k += 1
-        except Exception as exc:   # noqa: BLE001
-            errors.append(f"churn: {type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=speaker, args=(i,)) for i in range(len(plans))]
-    opener = threading.Thread(target=churn)
-    opener.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    done.set()
-    opener.join()
+    errors = threaded.beside_churn([functools.partial(speaker, i) for i in range(len(plans))],
+                                   lambda k: c2w.new_session(model, ("cadence", "stock")[k % 2], spec), seed=29)
     assert errors == []
     diffs = [(i, k) for i, (a, b) in enumerate(zip(alone, got)) for k in range(len(a)) if a[k] != b[k]]
     assert diffs == [] and bind.live() == 0

@@ -6,6 +6,7 @@ the released config. GPU classes (graph capture and replay) skip on CPU.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+import threaded  # tests/ is on sys.path under pytest
 from duplexcadence import bind
 from duplexcadence.adapters import mimi
 from duplexcadence.adapters.mimi import schedule as ms
@@ -464,43 +466,21 @@ def test_sessions_on_threads_equal_each_alone(model):
              for mode, spec in (("stock", {}), ("cadence", {}),
                                 ("cadence", {"cadence_graphs": "unit", "kv_bookkeeping": "stock"}))]
     alone = [run_alone(model, plan) for plan in plans]
-    got, errors, done = [None] * len(plans), [], threading.Event()
+    got = [None] * len(plans)
 
     def speaker(i):
         rng = random.Random(10 + i)
-        try:
-            time.sleep(rng.uniform(0, 0.03))
-            session = mimi.new_session(model, plans[i]["mode"], dict(plans[i]["spec"]))
-            outs = []
-            for codes in plans[i]["units"]:
-                time.sleep(rng.uniform(0, 0.005))
-                outs.append(session.speak(codes).waveform.tobytes())
-            session.close()
-            got[i] = outs
-        except Exception as exc:   # noqa: BLE001 - every exception is a failure, reported below
-            errors.append(f"session {i}: {type(exc).__name__}: {exc}")
+        time.sleep(rng.uniform(0, 0.03))
+        session = mimi.new_session(model, plans[i]["mode"], dict(plans[i]["spec"]))
+        outs = []
+        for codes in plans[i]["units"]:
+            time.sleep(rng.uniform(0, 0.005))
+            outs.append(session.speak(codes).waveform.tobytes())
+        session.close()
+        got[i] = outs
 
-    def churn():
-        rng, k = random.Random(9), 0
-        try:
-            while not done.is_set():
-                session = mimi.new_session(model, ("cadence", "stock")[k % 2], {})
-                time.sleep(rng.uniform(0, 0.01))
-                session.close()
-                time.sleep(rng.uniform(0, 0.01))
-                k += 1
-        except Exception as exc:   # noqa: BLE001
-            errors.append(f"churn: {type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=speaker, args=(i,)) for i in range(len(plans))]
-    opener = threading.Thread(target=churn)
-    opener.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    done.set()
-    opener.join()
+    errors = threaded.beside_churn([functools.partial(speaker, i) for i in range(len(plans))],
+                                   lambda k: mimi.new_session(model, ("cadence", "stock")[k % 2], {}), seed=9)
     assert errors == []
     diffs = [(i, k) for i, (a, b) in enumerate(zip(alone, got)) for k in range(len(a)) if a[k] != b[k]]
     assert diffs == [] and bind.live() == 0
