@@ -65,7 +65,7 @@ class SessionRecord:
     mid_turn: bool = False          # closed with a turn open
     cut_by_deadline: bool = False
     exception: int | None = None    # index into the run's exceptions
-    graphs: dict = field(default_factory=dict)                # GRAPH_COUNTERS at close
+    graphs: dict = field(default_factory=dict)    # GRAPH_COUNTERS at close, and the first failed captures' messages
     hashes: list = field(default_factory=list, repr=False)    # (sha256_f32, sha256_pcm16) per unit spoken
 
     def row(self) -> dict:
@@ -198,6 +198,8 @@ class Stress:
                     with (target.lock if rec.serialised else contextlib.nullcontext()), self.calling(kind):
                         stats = session.stats()
                         rec.graphs = {k: getattr(stats, k) for k in GRAPH_COUNTERS}
+                        if stats.detail.get("capture_failure_messages"):
+                            rec.graphs["capture_failure_messages"] = stats.detail["capture_failure_messages"]
                         session.close()
                 except Exception as exc:   # noqa: BLE001
                     self.record_exception(rec, "close", None, exc)
