@@ -105,3 +105,49 @@ def test_the_sampler_gives_columns_and_judge_every_series():
     judged = trend.judge(s, window=10)
     assert list(judged) == ["rss_mib"] and judged["rss_mib"]["cycles"] == 12
     assert trend.MemorySampler("cpu").series() == {"memory": {}, "counts": {}}
+
+
+def test_a_cuda_sample_empties_the_cache_only_while_no_capture_runs(monkeypatch):
+    # An empty_cache beside another thread's capture invalidates that capture (duplexcadence.gate); the sampler
+    # runs in the closing thread while other sessions capture.
+    import threading
+
+    import torch
+
+    from duplexcadence import gate
+    from suite.measure import memory
+
+    log = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: log.append(("empty_cache", gate.GATE.counts())))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    sampler = trend.MemorySampler("cpu")
+    sampler.cuda, sampler.device = True, torch.device("cuda", 0)
+    sampler.driver = type("Driver", (), {"used_mib": lambda self: 1.0})()
+    capturing, finish, sampled = threading.Event(), threading.Event(), threading.Event()
+
+    def capturer():
+        with gate.capture():
+            capturing.set()
+            finish.wait(10)
+            log.append("capture ends")
+
+    def closer():
+        sampler.sample({})
+        sampled.set()
+
+    a = threading.Thread(target=capturer, daemon=True)
+    a.start()
+    assert capturing.wait(10)
+    b = threading.Thread(target=closer, daemon=True)
+    b.start()
+    assert not sampled.wait(0.3)                         # waits for the capture
+    finish.set()
+    a.join(10), b.join(10)
+    assert sampled.is_set() and log[0] == "capture ends" and "synchronize" in log
+    assert log[-1] == ("empty_cache", {"holders": 1, "waiting": 0, "capturing": False})
+    assert sampler.series()["memory"]["driver_used_mib"] == [1.0]
+    log.clear()
+    memory.release_cached("cpu")                          # off CUDA: nothing
+    assert log == []

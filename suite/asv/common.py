@@ -127,8 +127,7 @@ class Warm:
         self.flags.close()
         self.session = self.model = None
         gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        memory.release_cached(self.device)
 
 
 _WARM: Warm | None = None

@@ -42,7 +42,7 @@ from suite.measure.ar_stage import make_ar
 from suite.measure.duplex_args import build_parser, check_args, counts_of, names_of
 from suite.measure.duplex_run import Traffic, model_bytes, open_entry, plans, reference, run_sessions
 from suite.measure.duplex_session import PERIOD_S, check_bytes, synthetic_payload
-from suite.measure.memory import MemoryProbe
+from suite.measure.memory import MemoryProbe, release_cached
 from suite.measure.search import FixedCounts, SessionSearch
 from suite.measure.session import make_spec
 from suite.records import (CAPTURE_IN_UNIT, DIRTY_TREE, DUPLEX_SCHEMA, EXIT_INVALID, MIN_SECONDS, NOT_FINISHED,
@@ -122,8 +122,7 @@ class ModeSearch:
                                clock=c["clock"]())
         except (scheduler.AdmissionError, torch.OutOfMemoryError) as exc:
             gc.collect()
-            if c["device"].type == "cuda":
-                torch.cuda.empty_cache()
+            release_cached(c["device"])
             return self.refuse(n, f"{type(exc).__name__}: {exc}")
         run["bytes"] = check_bytes(run, self.refs, [p.key for p in session_plans])
         self.reasons += run["bytes"]["mismatches"]

@@ -26,7 +26,7 @@ from duplexcadence.errors import ConcurrencyError
 from suite.measure import scheduler
 from suite.measure.duplex_session import (PERIOD_S, Driver, PoolEntry, Progress, footprint, has_work, metrics,
                                           session_units, storages, traffic_units)
-from suite.measure.memory import MemoryProbe
+from suite.measure.memory import MemoryProbe, release_cached
 from suite.measure.session import open_session
 from suite.measure.slack import SlackCapture
 from suite.records import jsonable
@@ -204,8 +204,7 @@ def run_sessions(workload, mode: str, session_plans: list[Plan], *, model, adapt
         out["memory"] = {**probe.end_session(), "pooled_sessions_alive": len(pool) if kept else 0}
     del entries, fresh
     gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    release_cached(device)
     if progress:
         m = out["metrics"]
         speak = (f"SPEAK mean {m['speak_ms_mean']:7.1f} ms, p99 {m['speak_ms_p99']:7.1f} ms"

@@ -31,6 +31,18 @@ from suite.measure.env import nvml_handle
 MIB = 2**20
 
 
+def release_cached(device) -> None:
+    """Give torch's cached free blocks back to the driver (`torch.cuda.empty_cache()`) once no CUDA-graph capture
+    is in progress: inside gate.work(), after a device-wide synchronize. An empty_cache beside another thread's
+    capture invalidates that capture (duplexcadence.gate), and a capture torch sees fail keeps its graph pool for
+    the life of the process (pytorch/pytorch#180395, #190308). No-op off CUDA."""
+    if torch.device(device).type != "cuda":
+        return
+    with gate.work():
+        gate.synchronize(device)
+        torch.cuda.empty_cache()
+
+
 def _status_kib(field: str) -> int | None:
     try:
         text = Path("/proc/self/status").read_text()
@@ -100,10 +112,7 @@ class MemoryProbe:
 
     def _settle(self) -> None:
         gc.collect()
-        if self.cuda:
-            with gate.work():                  # empty_cache frees device memory: never beside a capture
-                gate.synchronize(self.device)
-                torch.cuda.empty_cache()
+        release_cached(self.device)
 
     def _current(self) -> dict:
         if self.cuda:

@@ -4,8 +4,8 @@ A sample (`MemorySampler.sample`) holds the process's resident set size and, on 
 reserved bytes and the driver's used memory (NVML, else cudaMemGetInfo: it sees CUDA VMM arenas and graph
 pools, which torch's allocator statistics cannot), all MiB, beside the counts that explain memory without
 being growth: how many sessions of each kind are open at the sample and how many threads are inside a
-session call of each kind (their unit's temporaries). On CUDA torch's cache is emptied first
-(`torch.cuda.empty_cache()`, as every graph capture does in torch.cuda.graph): blocks no tensor uses go back
+session call of each kind (their unit's temporaries). On CUDA torch's cache is emptied first, once no capture
+is in progress (`memory.release_cached`; torch.cuda.graph empties it before every capture too): blocks no tensor uses go back
 to the driver, so reserved and driver figures are what tensors, graph pools, arenas and the context hold,
 not how full the cache happened to be. Nothing collects garbage: what a close does not free stays.
 
@@ -24,7 +24,7 @@ import threading
 import numpy as np
 import torch
 
-from suite.measure.memory import MIB, DeviceMemory, rss_mib
+from suite.measure.memory import MIB, DeviceMemory, release_cached, rss_mib
 
 WINDOW = 100            # cycles the target is stated over
 GROWTH_PCT = 2.0        # most growth over the window, % of its median
@@ -55,7 +55,7 @@ class MemorySampler:
         driver_used_mib."""
         out = {"rss_mib": rss_mib()}
         if self.cuda:
-            torch.cuda.empty_cache()
+            release_cached(self.device)        # never beside another thread's capture
             out.update(alloc_mib=torch.cuda.memory_allocated(self.device) / MIB,
                        reserved_mib=torch.cuda.memory_reserved(self.device) / MIB,
                        driver_used_mib=self.driver.used_mib())
