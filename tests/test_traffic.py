@@ -77,3 +77,27 @@ def test_the_window_scan_counts_speech_as_make_sessions_does():
             w.recording, w.speaker, w.start_ms, 60)
     for rec, spk, start in (("mpvoh", "spk01", 17_000), ("mpvoh", "spk00", 123), (wins[5].recording, "spk00", 999)):
         assert traffic.speech_ms(rec, spk, start, 90) == make_sessions.speech_ms(rec, spk, start, 90)
+
+
+@pytest.mark.parametrize("units", [30, 60])
+def test_every_flow_hift_script_is_one_step_audio_2s_clocks_accept(units):
+    # The payload format is shared with MiniCPM-o; Step-Audio 2's token loop refuses a turn that ends in a call
+    # of 1 token (its clocks, upstream's conformer conv cache), which a one-unit turn of 1 token made.
+    from duplexcadence.adapters.flow_hift import facts, plan
+
+    specs = {s.name: s for s in facts.regions("stepaudio2", 100, facts.StockLimits(10**6, 10**6, 10**6))}
+    refused = []
+    for w in traffic.windows(units):
+        clock, turn = plan.StepAudio2Clocks(specs, 10), None
+        for u in traffic.session_script("flow_hift", w, 0).units:
+            if u.kind != "SPEAK":
+                continue
+            if u.turn != turn:
+                clock.start_turn()
+                turn = u.turn
+            try:
+                clock.plan(len(u.payload), u.final)
+            except Exception as exc:    # noqa: BLE001
+                refused.append((w.name, u.index, f"{type(exc).__name__}: {exc}"))
+                break
+    assert refused == []

@@ -109,15 +109,18 @@ def frames_in_unit(k: int) -> int:
 
 
 def token_counts(speech: list[int], turns: list[int | None]) -> list[int]:
-    """Speech tokens per unit (0 for LISTEN): first unit by spoken fraction, steady 25, final r."""
+    """Speech tokens per unit (0 for LISTEN): a turn's first unit by spoken fraction (a one-unit turn too: a
+    remainder alone would leave Step-Audio 2 a final call of 1 token, which upstream cannot run), steady 25,
+    final r."""
     out = []
     for k, t in enumerate(turns):
+        first = t is not None and (k == 0 or turns[k - 1] != t)
         if t is None:
             out.append(0)
+        elif first:
+            out.append(max(FIRST_MIN_TOKENS, (STEADY_TOKENS * speech[k] + UNIT_MS // 2) // UNIT_MS))
         elif k + 1 == len(turns) or turns[k + 1] != t:
             out.append(FINAL_REMAINDERS[t % len(FINAL_REMAINDERS)])
-        elif k == 0 or turns[k - 1] != t:
-            out.append(max(FIRST_MIN_TOKENS, (STEADY_TOKENS * speech[k] + UNIT_MS // 2) // UNIT_MS))
         else:
             out.append(STEADY_TOKENS)
     return out
