@@ -28,10 +28,12 @@ TESTS = Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray instance for the module (2 CPUs, the host resource declared). Its workers inherit this
-    environment: tests/ on PYTHONPATH (fake_stage), and stages that last long enough to be seen side by side."""
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "FAKE_STAGE_SLEEP_S")}
+    environment: tests/ on PYTHONPATH (fake_stage), stages that last long enough to be seen side by side, and
+    no OMP_NUM_THREADS (Ray then sets it to 1 in its workers; a stage process must not inherit that)."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "FAKE_STAGE_SLEEP_S", "OMP_NUM_THREADS")}
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), saved["PYTHONPATH"]) if p)
     os.environ["FAKE_STAGE_SLEEP_S"] = "3"
+    os.environ.pop("OMP_NUM_THREADS", None)
     ray.init(num_cpus=2, resources={on_ray.HOST_RESOURCE: on_ray.HOST_UNITS}, include_dashboard=False,
              log_to_driver=False)
     try:
@@ -81,6 +83,9 @@ def test_a_plan_runs_through_ray_timed_stages_alone_and_a_failed_one_twice(tmp_p
         assert rec["verdict"] in ("VALID", "INVALID") and (run_dir / name / "log.txt").stat().st_size > 0
         assert st[name]["node"] and st[name]["gpu"] is None and st[name]["gpu_name"] == "cpu"
     assert (run_dir / "w.verify" / "audio_stock.wav").is_file()
+    for name in ("w.verify", "v.verify"):    # the driver's host threads, not the 1 Ray gives a 1-CPU worker
+        rec = json.loads((run_dir / name / "run.json").read_text())
+        assert "OMP_NUM_THREADS" not in rec["provenance"]["env"], name
     assert st["w.verify"]["units_compared"] == 8 and st["w.verify"]["mismatched_units"] == []
     pids = {int(n.split()[3]) for name in ("w.verify", "v.verify")
             for n in json.loads((run_dir / name / "run.json").read_text())["notes"] if n.startswith("stage process pid")}

@@ -8,6 +8,8 @@ host and memory stages may share one. The task runs the stage's process in a tem
 and returns its files, which the driver writes into the one run folder as the stage ends. A failed attempt
 (or a dead worker or node) is run once more, then recorded failed. At most as many stages are in flight as
 the nodes have GPUs (CPUs), submitted in plan order. A cluster gets this checkout as the tasks' working_dir.
+A stage process gets the driver's host-thread variables (process.THREAD_VARS), not the ones Ray gives its
+worker, so its bytes are those of the same stage run without Ray.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Callable
 
 from suite.records import REPO_ROOT, StateError, device_type, instant
 from suite.stages.plan import Stage, stage_argv
-from suite.stages.process import OUT, Outcome, stage_task
+from suite.stages.process import OUT, Outcome, stage_task, thread_env
 from suite.stages.run import Sitting
 from suite.stages.state import State
 
@@ -114,7 +116,8 @@ def run_plan_ray(stages: list[Stage], state: State, options: dict, *, address: s
                 if begun is None:                     # stopped: it and the rest stay pending
                     continue
                 argv = stage_argv(stage, OUT, options)
-                ref = remote.options(**task_options(stage, options["device"])).remote(argv, begun[1], f"{stage.name}: ")
+                ref = remote.options(**task_options(stage, options["device"])).remote(argv, begun[1], f"{stage.name}: ",
+                                                                                      thread_env())
                 flight[ref] = (stage, begun[0], clock(), argv)
             if not flight:
                 break

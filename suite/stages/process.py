@@ -78,15 +78,34 @@ def _tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
         return []
 
 
+#: Host-thread variables a stage process takes from the driver, not from the worker that starts it: a Ray
+#: worker sets OMP_NUM_THREADS to its task's CPUs (1), and the flow_hift voice prompt's host features then come
+#: out other bytes than with torch's default threads.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def thread_env() -> dict[str, str | None]:
+    """This process's THREAD_VARS (None: unset), for `run_process(threads=...)` on another process or node."""
+    return {k: os.environ.get(k) for k in THREAD_VARS}
+
+
 def run_process(argv: list[str], out_dir: Path, timeout_s: float, *, label: str = "",
-                relay: Callable[[str], None] | None = print) -> Outcome:
+                relay: Callable[[str], None] | None = print, threads: dict[str, str | None] | None = None) -> Outcome:
     """Run `python -m argv` from the repository root with impl/ and the root first on PYTHONPATH, in a
     session of its own, output to out_dir/log.txt; the group killed at timeout_s. relay: gets the log's last
-    line every RELAY_S seconds while it runs (None: silent)."""
+    line every RELAY_S seconds while it runs (None: silent). threads: THREAD_VARS to set (None: unset) instead
+    of this process's (`thread_env()` of the driver)."""
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", *argv]
     env = dict(os.environ)
+    for key, value in (threads or {}).items():
+        if key not in THREAD_VARS:
+            raise ValueError(f"threads: expected keys among {THREAD_VARS}, got {key!r}")
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     roots = [str(REPO_ROOT / "impl"), str(REPO_ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                  if p and p not in roots])
@@ -144,14 +163,16 @@ def _die_with_parent() -> None:
         pass
 
 
-def stage_task(argv: list[str], timeout_s: float, label: str = "") -> dict:
-    """A Ray task: `run_process` in a fresh temporary folder (`OUT` in argv stands for it), then the folder's
-    files as bytes. Returns {"outcome": Outcome fields with this node and GPU, "files": {path: bytes}}."""
+def stage_task(argv: list[str], timeout_s: float, label: str = "", threads: dict | None = None) -> dict:
+    """A Ray task: `run_process` in a fresh temporary folder (`OUT` in argv stands for it; threads: the
+    driver's `thread_env()`), then the folder's files as bytes. Returns {"outcome": Outcome fields with this
+    node and GPU, "files": {path: bytes}}."""
     import ray
 
     tmp = Path(tempfile.mkdtemp(prefix="duplexcadence-stage-"))
     try:
-        outcome = run_process([a.replace(OUT, str(tmp)) for a in argv], tmp, timeout_s, label=label)
+        outcome = run_process([a.replace(OUT, str(tmp)) for a in argv], tmp, timeout_s, label=label,
+                              threads=threads)
         files = {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(tmp.rglob("*")) if p.is_file()}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
