@@ -1070,3 +1070,17 @@ def test_stages_say_where_they_ran():
     old = {"workload": "w", "harness": "verify", "status": "done"}      # an older stages.json: from its record
     data = {"workloads": {"w": {"verify": {"record": {"provenance": {"device": {"gpu_name": "NVIDIA H200"}}}}}}}
     assert runs.ran_on("w.verify", old, data) == "NVIDIA H200" and runs.ran_on("w.verify", old, {"workloads": {}}) == "—"
+
+
+def test_the_bytes_against_a_reference_are_compared_unit_by_unit():
+    def rec(hashes, threads=16, omp=None):
+        units = [{"index": i, "sha256_f32": h, "sha256_pcm16": h + "p"} for i, h in enumerate(hashes)]
+        return {"modes": {"stock": {"units": units}, "cadence": {"units": units}},
+                "provenance": {"device": {"torch_threads": threads}, "env": {} if omp is None else {"OMP_NUM_THREADS": omp}}}
+    first = rec(["a", "b", "c"])
+    assert runs.same_bytes(rec(["a", "b", "c"]), first) == "same bytes: stock 3/3, cadence 3/3 units equal"
+    text = runs.same_bytes(rec(["a", "x", "c"], threads=1, omp="1"), first)
+    assert text == ("**other bytes**: stock 2/3, cadence 2/3 units equal; host threads: ours torch threads 1, "
+                    "OMP_NUM_THREADS 1, the reference's torch threads 16, OMP_NUM_THREADS unset")
+    assert runs.same_bytes(rec(["a", "x"]), first).startswith("**other bytes**: stock 1/2, cadence 1/2 units equal")
+    assert runs.same_bytes(None, first).startswith("not compared")

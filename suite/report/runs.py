@@ -59,8 +59,40 @@ def compare_lines(data: dict, refs: dict) -> list[str]:
                  "not met" if any(v == "not met" for v, _ in verdicts.values()) else "open")
         lines += [f"Against `{label}`: **{total}**", ""]
         lines += [f"- {w}: **{v}**: " + "; ".join(reasons) for w, (v, reasons) in verdicts.items()]
+        lines += ["", f"Bytes against `{label}` (each unit's sha256 in both runs, same seeds):", ""]
+        lines += [f"- {w}: " + same_bytes((e.get("verify") or {}).get("record"), recs.get(w))
+                  for w, e in ordered(data) if "verify" in e]
         lines.append("")
     return lines
+
+
+def unit_hashes(rec: dict | None) -> dict[str, dict[int, tuple]]:
+    """mode -> unit index -> (sha256_f32, sha256_pcm16) of a verify record's hashed units."""
+    return {m: {u["index"]: (u["sha256_f32"], u.get("sha256_pcm16")) for u in body.get("units", [])
+                if u.get("sha256_f32")}
+            for m, body in ((rec or {}).get("modes") or {}).items()}
+
+
+def host_threads(rec: dict) -> str:
+    prov = rec.get("provenance") or {}
+    return (f"torch threads {(prov.get('device') or {}).get('torch_threads', DASH)}, OMP_NUM_THREADS "
+            f"{(prov.get('env') or {}).get('OMP_NUM_THREADS', 'unset')}")
+
+
+def same_bytes(ours: dict | None, ref: dict | None) -> str:
+    """Whether this run's units carry the reference's bytes, per mode (units of the same index in both), with
+    the host threads of each where they differ (the voice prompt's host features depend on them)."""
+    a, b = unit_hashes(ours), unit_hashes(ref)
+    modes = [m for m in a if m in b and a[m] and b[m]]
+    if not modes:
+        return "not compared (no unit hashes of one mode in both runs)"
+    counts = {m: (sum(a[m][i] == b[m][i] for i in set(a[m]) & set(b[m])), len(set(a[m]) & set(b[m]))) for m in modes}
+    text = ", ".join(f"{m} {eq}/{n}" for m, (eq, n) in counts.items())
+    if all(eq == n for eq, n in counts.values()):
+        return f"same bytes: {text} units equal"
+    ta, tb = host_threads(ours), host_threads(ref)
+    why = f"; host threads: ours {ta}, the reference's {tb}" if ta != tb else ""
+    return f"**other bytes**: {text} units equal{why}"
 
 
 def records(data: dict) -> list[dict]:
