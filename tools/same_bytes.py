@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 from suite.records import read_json, read_stages
+from suite.report.runs import unit_hashes
 
 
 def hashes(run: Path, name: str) -> dict:
-    rec = read_json(run / name / "run.json") or {}
-    return {(mode, u["index"]): (u["sha256_f32"], u["sha256_pcm16"]) for mode, part in rec.get("modes", {}).items()
-            for u in part.get("units", []) if u.get("sha256_f32")}
+    units = unit_hashes(read_json(run / name / "run.json"))
+    return {(mode, index): h for mode, by_index in units.items() for index, h in by_index.items()}
 
 
 def main(argv: list[str]) -> int:
