@@ -97,7 +97,8 @@ def test_a_plan_runs_through_ray_timed_stages_alone_and_a_failed_one_twice(tmp_p
         assert not [n for n, (b0, b1, other) in s.items() if n != timed and other == node and b0 < a1 and a0 < b1], timed
         assert st[timed]["overlapped"] == []
     assert st["w.memory_stock"]["overlapped"] == ["w.memory_cadence"]     # memory stages may share the host
-    assert lines[0] == "plan: 5 stage(s) to run, about 10 min of stage time; on Ray (local)"
+    assert lines[0] == ("plan: 5 stage(s) to run, at most 10 min of stage time (their budgets: no stage of their "
+                        "kind has run yet); on Ray (local)")
     assert any(line.startswith("stage 4 of 5 fail.verify: start again") for line in lines)
     text = document.write(run_dir).read_text()
     assert re.search(r"^- `v\.verify`: done in [\d.]+ s \(budget \d+ s, 1 attempt\(s\), [^,()]+, cpu\)", text, re.M)  # node, device

@@ -176,6 +176,15 @@ def test_budget_exhaustion_stops_cleanly_with_state_saved(tmp_path):
     assert nxt.calls == [("w.memory_cadence", 40.0)] and on_disk(tmp_path)["w.memory_cadence"]["status"] == "done"
 
 
+def test_the_plan_line_says_which_part_of_its_time_is_only_budgets(tmp_path):
+    lines = []
+    run(tmp_path, [Stage("w", "verify", 100.0, expected_s=20.0), Stage("w", "memory_stock", 100.0)], Stub(),
+        log=lines.append)
+    assert lines[0] == ("plan: 2 stage(s) to run, about 2 min of stage time (100 s of it the budgets of stages of a "
+                        "kind not run yet)")                                 # 1.1 x 20 s + a 100 s budget
+    assert "stage 1 of 2 w.verify: start (expected about 22 s, budget 100 s, timeout 100 s)" in lines
+
+
 def test_budget_uses_what_done_stages_of_the_family_took(tmp_path):
     stub = Stub(seconds=20.0)
     _, sitting = run(tmp_path, [Stage(w, "verify", 100.0) for w in ("a", "b", "c")], stub, budget_s=65.0)
@@ -211,10 +220,11 @@ def test_skipped_stage_is_recorded_and_checked_again(tmp_path):
 def test_the_console_counts_the_stages_and_gives_the_estimates(tmp_path):
     lines = []
     run(tmp_path, three(), Stub(fail={"w.memory_cadence"}), log=lines.append)
-    assert lines[0] == "plan: 3 stage(s) to run, about 5 min of stage time"
+    assert lines[0] == ("plan: 3 stage(s) to run, at most 5 min of stage time (their budgets: no stage of "
+                        "their kind has run yet)")
     starts = [line for line in lines if ": start" in line]
-    assert starts[0] == "stage 1 of 3 w.verify: start (expected about 100 s, budget 100 s, timeout 100 s)"
-    assert starts[1].startswith("stage 2 of 3 w.memory_stock: start (expected about 100 s")
+    assert starts[0] == "stage 1 of 3 w.verify: start (no estimate yet, budget 100 s, timeout 100 s)"
+    assert starts[1].startswith("stage 2 of 3 w.memory_stock: start (no estimate yet")
     assert "stage 1 of 3 w.verify: done in 10.0 s; record verdict VALID" in lines
     assert any(line.startswith("stage 3 of 3 w.memory_cadence: failed in 10.0 s: exit status 1: boom") for line in lines)
     assert "  | boom" in lines                                    # a failed stage's own output

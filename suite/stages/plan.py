@@ -200,6 +200,13 @@ def select(stages: list[Stage], patterns: list[str] | None) -> list[Stage]:
     return [s for s in stages if any(hit(s, p) for p in patterns)]
 
 
+def estimated(stage: Stage, stages: dict) -> bool:
+    """Whether `estimate_s` rests on a figure (a verify estimate, a done stage of the family), not on the budget."""
+    return stage.expected_s is not None or any(
+        st.status == "done" and st.seconds is not None and st.harness in HARNESSES
+        and family(st.harness) == family(stage.harness) for st in stages.values())
+
+
 def estimate_s(stage: Stage, stages: dict) -> float:
     """Seconds this stage is expected to need, capped at its budget: a stage with `expected_s` (verify on
     CUDA) VERIFY_MARGIN x that; else ESTIMATE_MARGIN x the slowest done stage of its harness family in this

@@ -13,7 +13,7 @@ from typing import Callable
 
 from suite.records import (EXIT_INVALID, STAGE_TIMESPEC, StageState, family, invalid_codes, overlapping, read_json,
                            record_reasons, utc_now)
-from suite.stages.plan import Stage, estimate_s, stage_argv
+from suite.stages.plan import Stage, estimate_s, estimated, stage_argv
 from suite.stages.process import Outcome, run_process, stopping
 from suite.stages.state import State
 
@@ -94,7 +94,12 @@ class Sitting:
         self.number: dict[str, int] = {}
         state.save()
         total = sum(estimate_s(s, state.stages) for s in self.todo)
-        log(f"plan: {len(self.todo)} stage(s) to run, about {_duration(total)} of stage time"
+        unknown = sum(estimate_s(s, state.stages) for s in self.todo if not estimated(s, state.stages))
+        time = (f"about {_duration(total)} of stage time" if not unknown else
+                f"at most {_duration(total)} of stage time (their budgets: no stage of their kind has run yet)"
+                if unknown == total else f"about {_duration(total)} of stage time ({_duration(unknown)} of it the "
+                f"budgets of stages of a kind not run yet)")
+        log(f"plan: {len(self.todo)} stage(s) to run, {time}"
             + (f"; {len(self.record['kept'])} done (kept)" if self.record["kept"] else "")
             + (f"; {len(self.record['skipped'])} skipped" if self.record["skipped"] else "")
             + (f"; on Ray ({where})" if where else ""))
@@ -122,8 +127,9 @@ class Sitting:
         st.git_rev, st.impl_tree = self.provenance.get("git_rev"), self.provenance.get("impl_tree")
         st.status, st.reason = "running", ""
         self.state.save()
-        self.log(f"{self._label(stage)}: start{' again' if st.attempts > 1 and self.retries else ''} (expected about "
-                 f"{_duration(need)}, budget {stage.budget_s:g} s, timeout {timeout:.0f} s)")
+        expect = f"expected about {_duration(need)}" if estimated(stage, self.state.stages) else "no estimate yet"
+        self.log(f"{self._label(stage)}: start{' again' if st.attempts > 1 and self.retries else ''} ({expect}, "
+                 f"budget {stage.budget_s:g} s, timeout {timeout:.0f} s)")
         return out_dir, timeout
 
     def end(self, stage: Stage, outcome: Outcome, seconds: float, ended: dict | None = None) -> bool:
