@@ -200,11 +200,16 @@ def select(stages: list[Stage], patterns: list[str] | None) -> list[Stage]:
     return [s for s in stages if any(hit(s, p) for p in patterns)]
 
 
+def _family_seconds(stage: Stage, stages: dict) -> list[float]:
+    """Seconds of the done stages of `stage`'s harness family in this run (legacy entries left out)."""
+    return [st.seconds for st in stages.values()
+            if st.status == "done" and st.seconds is not None and st.harness in HARNESSES
+            and family(st.harness) == family(stage.harness)]
+
+
 def estimated(stage: Stage, stages: dict) -> bool:
     """Whether `estimate_s` rests on a figure (a verify estimate, a done stage of the family), not on the budget."""
-    return stage.expected_s is not None or any(
-        st.status == "done" and st.seconds is not None and st.harness in HARNESSES
-        and family(st.harness) == family(stage.harness) for st in stages.values())
+    return stage.expected_s is not None or bool(_family_seconds(stage, stages))
 
 
 def estimate_s(stage: Stage, stages: dict) -> float:
@@ -213,9 +218,7 @@ def estimate_s(stage: Stage, stages: dict) -> float:
     run (legacy entries left out); its budget when none is done. stages: name -> StageState."""
     if stage.expected_s is not None:
         return min(stage.budget_s, VERIFY_MARGIN * stage.expected_s)
-    seen = [st.seconds for st in stages.values()
-            if st.status == "done" and st.seconds is not None and st.harness in HARNESSES
-            and family(st.harness) == family(stage.harness)]
+    seen = _family_seconds(stage, stages)
     return min(stage.budget_s, ESTIMATE_MARGIN * max(seen)) if seen else stage.budget_s
 
 
