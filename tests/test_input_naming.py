@@ -97,3 +97,26 @@ def test_codes_that_do_not_fit_an_int64_or_a_dense_array_are_named(models, bad, 
         ref.close()
     finally:
         session.close()
+
+
+@pytest.mark.parametrize("kw, match", [({"device": "cpu:1"}, r"^device: expected"), ({"seed": 1.5}, r"^seed: expected"),
+                                       ({"seed": -1}, r"^seed: expected")])
+def test_open_model_names_a_bad_device_index_or_seed(kw, match):
+    with pytest.raises(InputError, match=match):
+        runtime.open_model("moshi", depth="reduced", **kw)
+
+
+def test_open_model_names_the_known_models_for_a_name_that_is_not_one():
+    for bad in (["moshi"], None, "mimi"):
+        with pytest.raises(KeyError, match="expected one of"):
+            runtime.open_model(bad, device="cpu", depth="reduced")
+
+
+@pytest.mark.parametrize("name", ["moshi", "qwen3_omni"])
+def test_signatures_take_a_bool_final(models, name):
+    session = models[name].session("cadence")
+    try:
+        with pytest.raises(InputError, match="^final: expected a bool"):
+            session.signatures(2, final="x")
+    finally:
+        session.close()

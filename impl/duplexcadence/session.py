@@ -218,8 +218,8 @@ class Session(abc.ABC):
     def signatures(self, size: int, final: bool = False) -> list[Signature]:
         """The signatures of every step the next unit would run with a payload of `size` tokens / frames,
         computed from the clocks alone (nothing runs, nothing changes). Raises InputError for a size the
-        session would refuse, LimitError past a bound."""
-        return self.clocks().unit(size, final)
+        session would refuse (or a `final` that is not a bool), LimitError past a bound."""
+        return self.clocks().unit(size, check_final(final))
 
     def prepare(self, signatures: Iterable[Signature] | None = None) -> dict:
         """Capture graphs ahead of time, changing neither state nor clocks: `signatures` (from
