@@ -212,7 +212,7 @@ def test_options_and_a_closed_session_are_clear_errors(model):
     with fh.new_session(model, "cadence", {"capture": "inline"}) as inline:    # speak may capture: not concurrent
         assert inline.capabilities.concurrent is False and fh.CadenceSession.capabilities.concurrent is True
     s = fh.new_session(model, "cadence")
-    with pytest.raises(ValueError, match="Signatures"):
+    with pytest.raises(InputError, match="^signatures: expected Signature"):
         s.prepare([("flow", 28)])
     s.close()
     s.close()                                          # a second close does nothing

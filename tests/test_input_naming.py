@@ -55,3 +55,68 @@ def test_open_model_refuses_cuda_without_cuda():
     with pytest.raises(InputError, match=r"^device: 'cuda' asked for, but this torch .* sees 0 CUDA device"):
         runtime.open_model("moshi", device="cuda", depth="reduced")
     assert runtime.check_device("cpu") == torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def models():
+    voice = "workloads/data/voice_prompts/ljspeech_LJ001-0001_24k.wav"
+    flow = {"voice_prompt": voice, "prompt_seconds": 2.0, "n_timesteps": 2}
+    return {name: runtime.open_model(name, device="cpu", depth="reduced", **kw) for name, kw in
+            (("moshi", {}), ("qwen3_omni", {}), ("minicpmo45", flow), ("stepaudio2_mini", flow))}
+
+
+@pytest.mark.parametrize("name", ["moshi", "qwen3_omni", "minicpmo45", "stepaudio2_mini"])
+@pytest.mark.parametrize("mode", ["stock", "cadence"])
+def test_prepare_names_signatures_and_a_closed_session_is_refused(models, name, mode):
+    from duplexcadence.errors import ClosedError
+    session = models[name].session(mode)
+    try:
+        for bad in (5, [5], "window", [None]):
+            with pytest.raises(InputError, match="^signatures: expected"):
+                session.prepare(bad)
+    finally:
+        session.close()
+    with pytest.raises(ClosedError):
+        session.prepare()
+
+
+@pytest.mark.parametrize("bad, match", [([[2**63]] * 8, r"code id 9223372036854775808 outside"),
+                                        (np.full((8, 1), 2**64 - 1, dtype=np.uint64), r"code id 18446744073709551615"),
+                                        (torch.zeros(8, 1, dtype=torch.int64).to_sparse(), r"dense integer tensor"),
+                                        (np.array(5), r"got \[\]")])
+def test_codes_that_do_not_fit_an_int64_or_a_dense_array_are_named(models, bad, match):
+    session = models["moshi"].session("cadence")
+    try:
+        session.start_turn()
+        with pytest.raises(InputError, match=rf"^codes.*{match}"):
+            session.speak(bad)
+        ref = models["moshi"].session("cadence")
+        ref.start_turn()
+        unit = codes(12, 8, seed=2)
+        assert session.speak(unit).sha256() == ref.speak(unit).sha256()
+        ref.close()
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("kw, match", [({"device": "cpu:1"}, r"^device: expected"), ({"seed": 1.5}, r"^seed: expected"),
+                                       ({"seed": -1}, r"^seed: expected")])
+def test_open_model_names_a_bad_device_index_or_seed(kw, match):
+    with pytest.raises(InputError, match=match):
+        runtime.open_model("moshi", depth="reduced", **kw)
+
+
+def test_open_model_names_the_known_models_for_a_name_that_is_not_one():
+    for bad in (["moshi"], None, "mimi"):
+        with pytest.raises(KeyError, match="expected one of"):
+            runtime.open_model(bad, device="cpu", depth="reduced")
+
+
+@pytest.mark.parametrize("name", ["moshi", "qwen3_omni"])
+def test_signatures_take_a_bool_final(models, name):
+    session = models[name].session("cadence")
+    try:
+        with pytest.raises(InputError, match="^final: expected a bool"):
+            session.signatures(2, final="x")
+    finally:
+        session.close()

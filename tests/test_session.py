@@ -229,3 +229,66 @@ def test_a_session_is_a_context_manager_that_closes():
         with _Session() as t:
             raise RuntimeError("body")
     assert t.closed
+
+
+# --- one caller per session ---------------------------------------------------------------------------
+class _SlowSession(Session):
+    """A session whose speak waits on an event (to hold the call open) and records what ran."""
+    capabilities = Capabilities("reset", True, False, "tokens", 25)
+
+    def __init__(self):
+        import threading
+        self.inside, self.release, self.ran = threading.Event(), threading.Event(), []
+
+    def start_turn(self):
+        self.ran.append("start_turn")
+
+    def speak(self, payload, *, final=False):
+        self.inside.set()
+        self.release.wait(10)
+        self.ran.append("speak")
+        self.start_turn()                          # a method calling another on its own thread passes
+        return UnitOutput(np.zeros(4, np.float32), np.zeros(4, np.int16))
+
+    def clocks(self):
+        return None
+
+    def state(self):
+        return {}
+
+    def stats(self):
+        return SessionStats(units=0)
+
+    def close(self):
+        self.ran.append("close")
+        super().close()
+
+
+def test_a_second_thread_inside_one_session_is_refused_and_nothing_runs():
+    import threading
+
+    from duplexcadence.errors import ConcurrencyError
+    s = _SlowSession()
+    t = threading.Thread(target=lambda: s.speak([1]), daemon=True)
+    t.start()
+    assert s.inside.wait(10)
+    for call in (lambda: s.speak([1]), s.start_turn, s.close, s.prepare):
+        with pytest.raises(ConcurrencyError, match=r"another thread is inside this session's speak\(\)"):
+            call()
+    assert s.ran == [] and not s.closed                    # the refused calls changed nothing
+    s.release.set()
+    t.join(10)
+    assert s.ran == ["speak", "start_turn"]
+    s.close()                                              # the first caller is done: any thread may go on
+    assert s.ran[-1] == "close" and s.closed
+
+
+def test_prepare_takes_signatures_only_and_refuses_a_closed_session():
+    s = _SlowSession()
+    assert s.prepare([signature("decode", 1)]) == {k: 0 for k in SessionStats.COUNTERS}
+    for bad in (5, "decode", signature("decode", 1), [5]):
+        with pytest.raises(InputError, match="signatures: expected"):
+            s.prepare(bad)
+    s.close()
+    with pytest.raises(ClosedError):
+        s.prepare()

@@ -34,13 +34,14 @@ def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") ->
         raise InputError(f"{name}: expected a sequence of ints in [0, {vocab}), got {type(tokens).__name__}")
     out = []
     for i, t in enumerate(tokens):
+        if i == max_count:                       # an endless iterator ends here
+            got = len(tokens) if hasattr(tokens, "__len__") else "more"
+            raise InputError(f"{name}: at most {max_count} per unit, got {got}")
         if not is_int(t):
             raise InputError(f"{name}[{i}]: expected an int token id, got {t!r} ({type(t).__name__})")
         if not 0 <= int(t) < vocab:
             raise InputError(f"{name}[{i}]: token id {int(t)} outside [0, {vocab})")
         out.append(int(t))
-    if len(out) > max_count:
-        raise InputError(f"{name}: at most {max_count} per unit, got {len(out)}")
     return out
 
 
@@ -56,15 +57,22 @@ def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int | None, na
     if isinstance(codes, torch.Tensor) and codes.device.type != "cpu":
         raise InputError(f"{name}: expected a CPU tensor (host payload), got one on {codes.device}")
     if isinstance(codes, (torch.Tensor, np.ndarray)):
+        if isinstance(codes, torch.Tensor) and codes.layout != torch.strided:
+            raise InputError(f"{name}: expected a dense integer tensor [{n_q}, frames], got layout {codes.layout}")
         try:
-            t = torch.as_tensor(np.ascontiguousarray(codes) if isinstance(codes, np.ndarray) else codes)
+            t = torch.as_tensor(np.array(codes, order="C") if isinstance(codes, np.ndarray) else codes)
         except (TypeError, ValueError, RuntimeError) as exc:      # e.g. a numpy object array
             raise InputError(f"{name}: expected an integer array [{n_q}, frames], got {exc}") from None
         if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
             raise InputError(f"{name}: expected an integer tensor [{n_q}, frames], got dtype {t.dtype}")
         if t.dim() != 2 or t.shape[0] != n_q:
             raise InputError(f"{name}: expected shape [{n_q}, frames] ({want}), got {list(t.shape)}")
-        t = t.detach().to(torch.int64, copy=True)
+        ids = t.detach().numpy()                  # its own dtype: a uint64 id past int64 is not wrapped round
+        bad = (ids < 0) | (ids >= cardinality)
+        if bad.any():
+            q, f = (int(i) for i in np.argwhere(bad)[0])
+            raise InputError(f"{name}[{q}][{f}]: code id {ids[q, f]} outside [0, {cardinality})")
+        t = torch.from_numpy(ids.astype(np.int64))
     else:
         if isinstance(codes, (str, bytes)) or not isinstance(codes, (list, tuple)):
             raise InputError(f"{name}: expected {want} as a list of {n_q} lists, got {type(codes).__name__}")
@@ -76,6 +84,8 @@ def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int | None, na
             for f, c in enumerate(row):
                 if not is_int(c):
                     raise InputError(f"{name}[{q}][{f}]: expected an int code id, got {c!r} ({type(c).__name__})")
+                if not 0 <= int(c) < cardinality:
+                    raise InputError(f"{name}[{q}][{f}]: code id {int(c)} outside [0, {cardinality})")
         lengths = sorted({len(row) for row in codes})
         if len(lengths) != 1:
             raise InputError(f"{name}: every codebook needs the same frame count, got lengths {lengths}")

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from duplexcadence.errors import InputError
+from duplexcadence.payload import check_int
 from duplexcadence.gate import OuterLock
 from duplexcadence.session import UnitOutput
 
@@ -79,7 +80,7 @@ def check_device(device) -> torch.device:
         dev = torch.device(device) if isinstance(device, (str, torch.device)) else None
     except (RuntimeError, TypeError):
         dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
+    if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
         raise InputError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -94,8 +95,9 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
     `checkpoint=DIR_OR_FILE` in the released layout. depth: "released" or "reduced" (the same classes,
     fewer layers: CPU tests). spec: the model's options (voice_prompt=WAV path for the flow-matching
     decoders, n_timesteps, prompt_seconds, dtype, ...). Raises KeyError naming the known models,
-    ValueError naming a missing required option and InputError for a device this machine lacks (check_device)."""
-    if name not in MODELS:
+    ValueError naming a missing required option and InputError for a device this machine lacks (check_device)
+    or a seed that is not an int >= 0."""
+    if not isinstance(name, str) or name not in MODELS:
         raise KeyError(f"model {name!r}: expected one of {sorted(MODELS)}")
     entry = MODELS[name]
     missing = [k for k in entry.needs if spec.get(k) is None]
@@ -103,6 +105,7 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
         raise ValueError(f"open_model({name!r}): {', '.join(missing)} is required (e.g. voice_prompt='voice.wav', "
                          f"a 24 kHz WAV of the voice to speak in)")
     check_device(device)
+    check_int("seed", seed, low=0)
     full = {**entry.spec, **spec}
     mod = adapter(entry.architecture)
     return OpenModel(entry, mod, mod.build_model(full, device=device, depth=depth, seed=seed), full)

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import abc
 import copy
+import functools
 import hashlib
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 import numpy as np
 import torch
 
-from duplexcadence.clocks import Signature
-from duplexcadence.errors import ClosedError, InputError
+from duplexcadence.clocks import Signature, check_signatures
+from duplexcadence.errors import ClosedError, ConcurrencyError, InputError
 
 TURN_STATES = ("reset", "carried", "stream")
 PAYLOADS = ("tokens", "frames")
@@ -154,13 +156,50 @@ class ClockState(abc.ABC):
         return copy.deepcopy(self)
 
 
+class _Caller:
+    """Which thread is inside one session's ONE_CALLER methods now (a session is one caller's stream)."""
+
+    def __init__(self):
+        self.lock, self.owner, self.depth, self.what = threading.Lock(), None, 0, ""
+
+
+def _one_caller(fn, name: str):
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        caller = self.__dict__.get("_caller") or self.__dict__.setdefault("_caller", _Caller())
+        me = threading.get_ident()
+        if caller.owner == me:                       # the same thread, e.g. a subclass calling super()
+            return fn(self, *args, **kwargs)
+        if not caller.lock.acquire(blocking=False):
+            raise ConcurrencyError(f"{name}: another thread is inside this session's {caller.what}(); a session "
+                                   f"is one stream: call it from one thread at a time")
+        caller.owner, caller.what = me, name
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            caller.owner, caller.what = None, ""
+            caller.lock.release()
+    call.one_caller = True
+    return call
+
+
 class Session(abc.ABC):
     """Base of every session (module docstring). Subclasses set `capabilities` and implement the
     abstract methods; `close()` must free the session's device and host memory without waiting for the
-    cycle collector, after which every method raises ClosedError."""
+    cycle collector, after which every method raises ClosedError. The methods that change a session
+    (ONE_CALLER) refuse a second thread while one is inside any of them (ConcurrencyError, nothing changed):
+    sessions of one model may run on their own threads (Capabilities.concurrent), one session may not."""
 
+    ONE_CALLER = ("start_turn", "speak", "prepare", "close")
     capabilities: Capabilities
     closed: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in cls.ONE_CALLER:
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "one_caller", False):
+                setattr(cls, name, _one_caller(fn, name))
 
     @abc.abstractmethod
     def start_turn(self) -> None:
@@ -179,13 +218,17 @@ class Session(abc.ABC):
     def signatures(self, size: int, final: bool = False) -> list[Signature]:
         """The signatures of every step the next unit would run with a payload of `size` tokens / frames,
         computed from the clocks alone (nothing runs, nothing changes). Raises InputError for a size the
-        session would refuse, LimitError past a bound."""
-        return self.clocks().unit(size, final)
+        session would refuse (or a `final` that is not a bool), LimitError past a bound."""
+        return self.clocks().unit(size, check_final(final))
 
     def prepare(self, signatures: Iterable[Signature] | None = None) -> dict:
         """Capture graphs ahead of time, changing neither state nor clocks: `signatures` (from
         `signatures()`), or None for what the clocks say every turn of this voice needs. Returns the
-        counters' change. A no-op (zeros) where the session captures nothing (stock, CPU)."""
+        counters' change. A no-op (zeros) where the session captures nothing (stock, CPU). Raises ClosedError,
+        InputError for anything but Signatures."""
+        self.check_open("prepare")
+        if signatures is not None:
+            check_signatures(signatures)
         return {k: 0 for k in SessionStats.COUNTERS}
 
     @abc.abstractmethod
@@ -210,6 +253,10 @@ class Session(abc.ABC):
 
     def __exit__(self, *exc):
         self.close()
+
+
+for _name in ("prepare", "close"):                  # the base's own defaults, which subclasses may keep
+    setattr(Session, _name, _one_caller(Session.__dict__[_name], _name))
 
 
 def check_final(final) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from duplexcadence import upstream
+from duplexcadence import rng, upstream
 from duplexcadence.adapters.code2wav.cadence import CadenceSession
 from duplexcadence.adapters.code2wav.schedule import LEFT_CONTEXT, NUM_QUANTIZERS, WHOLE_CHUNK
 from duplexcadence.adapters.code2wav.stock import StockSession
@@ -71,6 +71,7 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
             p.copy_(value)
 
 
+@rng.seeded_build
 def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int = 0):
     """The stock `Qwen3OmniMoeCode2Wav` (attn "sdpa"), eval mode, in spec["dtype"] (default bfloat16). Without
     spec["checkpoint"]: `_from_config(config, dtype=...)`, `randomize_(model, seed)` on the CPU, `.to(device)`

@@ -164,7 +164,7 @@ class CadenceSession(Session):
         session's schedule cannot run."""
         self.check_open("prepare")
         before = self.stats()
-        sigs = self._clock.turn_signatures() if signatures is None else sorted(set(signatures))
+        sigs = self._clock.turn_signatures() if signatures is None else sorted(set(clocks.check_signatures(signatures)))
         for sig in sigs:
             ctx = sig.get("context")
             if (sig.step != "window" or not isinstance(ctx, int) or not 0 <= ctx <= self._clock.left_context

@@ -7,6 +7,7 @@ limits), plan (the host clocks, every step's Signature), build, flowstate, causa
 """
 from __future__ import annotations
 
+from duplexcadence import rng
 from duplexcadence.runtime import use_expandable_segments
 
 from duplexcadence.adapters.flow_hift import build, facts
@@ -24,6 +25,7 @@ OPTIONS = {("minicpmo45", "cadence"): ("graphs", "capture", "strict", "arena_bac
            ("stepaudio2", "cadence"): ("graphs", "capture", "strict", "arena_backend")}
 
 
+@rng.seeded_build
 def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int = 0) -> Model:
     """The stock model of `spec` with seeded random weights (or "checkpoint", a directory in the variant's released
     layout: build.build_token2wav, build.build_stepaudio2_token2wav) and its voice prompt. spec: "voice_prompt" (a 24 kHz WAV; required), "variant", "n_timesteps"

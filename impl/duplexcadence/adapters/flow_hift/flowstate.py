@@ -15,9 +15,10 @@ import math
 
 import torch
 
-from duplexcadence import bind, gate
+from duplexcadence import bind, clocks, gate
 from duplexcadence.arena import Arena
-from duplexcadence.clocks import KeepAll, Signature
+from duplexcadence.clocks import KeepAll
+from duplexcadence.errors import InputError
 from duplexcadence.graphs import GraphCache
 from duplexcadence.payload import move_tail_
 from duplexcadence.runtime import model_lock, model_state
@@ -195,12 +196,12 @@ class CadenceBase(TokenSession):
         `signatures` (from `signatures()` / `clocks()`), or None for `steady()` (the module docstrings say what
         that is). A step family not yet warmed in this process (`graphs.warmed`) first runs once eagerly on the
         session's state, which is put back afterwards. Returns the counters' change (zeros off CUDA). Raises
-        ValueError for a signature of another step."""
+        InputError for anything but Signatures of this session's steps."""
         self.check_open("prepare")
-        sigs, graphs = list(self.steady() if signatures is None else signatures), self.graphs
+        sigs, graphs = self.steady() if signatures is None else clocks.check_signatures(signatures), self.graphs
         for sig in sigs:
-            if not isinstance(sig, Signature) or sig.step not in self.steps:
-                raise ValueError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
+            if sig.step not in self.steps:
+                raise InputError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
         before = {k: getattr(graphs.stats, k) for k in SessionStats.COUNTERS}
         with gate.work():
             for sig in sigs if graphs.enabled else ():

@@ -15,12 +15,11 @@ every unit is checked against the clocks first. Step-Audio 2's HiFT draws from t
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 
 import torch
 
-from duplexcadence import bind, gate
+from duplexcadence import bind, gate, rng
 from duplexcadence.errors import ConcurrencyError, InputError
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, SessionStats, host_waveform
@@ -28,9 +27,6 @@ from duplexcadence.session import Capabilities, SessionStats, host_waveform
 import duplexcadence.adapters.flow_hift.facts as facts
 from duplexcadence.adapters.flow_hift.build import clone_recursive
 from duplexcadence.adapters.flow_hift.plan import MiniCPMClocks, StepAudio2Clocks, TokenSession, geometry
-
-_GENERATOR = threading.RLock()
-
 
 class OwnGenerator:
     """One session's state of the default generator of `device`, seeded with `seed` (a fresh generator's state).
@@ -49,9 +45,10 @@ class OwnGenerator:
 
     @contextlib.contextmanager
     def _swapped(self, state, keep: bool = False):
-        if not _GENERATOR.acquire(blocking=False):
+        if not rng.LOCK.acquire(blocking=False):
             raise ConcurrencyError("Step-Audio 2 sessions draw from the process's default generator and another "
-                                   "thread's session is drawing now: run them on one thread (capabilities.concurrent)")
+                                   "thread holds it now (a session drawing, or a model being built): run them on "
+                                   "one thread (capabilities.concurrent)")
         gen = self._default()
         saved = gen.get_state()
         try:
@@ -61,7 +58,7 @@ class OwnGenerator:
             if keep:
                 self.state = gen.get_state()
             gen.set_state(saved)
-            _GENERATOR.release()
+            rng.LOCK.release()
 
     def use(self):
         return self._swapped(self.state, keep=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from duplexcadence import upstream
+from duplexcadence import rng, upstream
 from duplexcadence.adapters.mimi.cadence import CadenceSession
 from duplexcadence.adapters.mimi.schedule import N_Q
 from duplexcadence.adapters.mimi.stock import StockGraphsSession, StockSession
@@ -76,6 +76,7 @@ def _materialise_codebooks(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
+@rng.seeded_build
 def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int = 0):
     """The stock `MimiModel` from `loaders.get_mimi(filename, config, device, num_codebooks=8)`, eval mode.
     spec["checkpoint"]: a `.safetensors` file in the released layout (tests/data/mimi_manifest.json), loaded
