@@ -11,8 +11,7 @@ Backends:
 * ``prealloc``: one exact-size cudaMalloc'd block (torch's allocator) on the GPU.
 * ``vmm``: one reserved CUDA virtual address range (cuMemAddressReserve); physical memory is mapped in
   2 MiB granules (cuMemCreate + cuMemMap + cuMemSetAccess, through cuda-python) only as the clocks
-  demand, so a growing region costs what it holds, at an address that does not move
-  (shared/DESIGN.md section 8 probed this on the H200). Mapping is host work: do it ahead of the unit
+  demand, so a growing region costs what it holds, at an address that does not move. Mapping is host work: do it ahead of the unit
   that needs it (`ensure`), never inside a captured graph.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@
 level in `stepaudio2/token2wav.py` (L9-13), but only prompt preparation (`Token2wav._prepare_prompt`,
 L136-156: the S3 speech tokenizer and the CAMPPlus speaker model, both ONNX files that ship with the
 weights) uses them. torchaudio has no build for the torch on CPU machines here and the two ONNX models
-cannot be downloaded (shared/DESIGN.md section 6). Where a real module is missing, a stand-in module
+cannot be downloaded (docs/weights.md). Where a real module is missing, a stand-in module
 with a proper `__spec__` is registered; any use of it raises `UpstreamUnavailable` naming what is
 missing, so nothing silently takes its place.
 

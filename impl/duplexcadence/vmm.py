@@ -3,7 +3,7 @@
 Driver API through cuda-python (`cuda.bindings.driver`): cuMemAddressReserve, cuMemCreate, cuMemMap,
 cuMemSetAccess; the range is exposed to torch through `__cuda_array_interface__` (torch.as_tensor shares
 the memory, no copy), so the tensor's data_ptr() is the reserved base and never changes while mappings
-grow behind it. Probed on the H200: 2 MiB granularity, ~0.2 ms per granule mapped (shared/DESIGN.md 8).
+grow behind it. Probed on the H200: 2 MiB granularity, ~0.2 ms per granule mapped.
 torch's allocator statistics cannot see these mappings; measure them at the driver.
 """
 from __future__ import annotations

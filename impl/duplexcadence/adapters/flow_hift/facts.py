@@ -2,7 +2,7 @@
 token loops, the regions and the stock tables that bound them per variant (host data only). Citations: "unified
 Lx" = OpenBMB/minicpm-o-4_5-pytorch-simple-demo @c7e1660 MiniCPMO45/modeling_minicpmo_unified.py; "t2w Lx" /
 "ex Lx" = stepfun-ai/Step-Audio2 @ b1bb23c4fd455dbbce8f1736c721411b3f5cf4c1 token2wav.py / examples-vllm-stream.py;
-other files are minicpmo-utils 1.0.7's `stepaudio2` package. shared/notes/stock_decoders.md sections 2-3.
+other files are minicpmo-utils 1.0.7's `stepaudio2` package.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 `loaders.get_mimi`, L323-363): `schedule` (facts, clocks, regions, every step's Signature), `stock` (moshi's
 server loop; sessions' own streaming states), `cadence` (arena + graph replay). Modes: "stock" (the
 bit-exact reference), "stock_graphs" (moshi's CUDAGraphed baseline), "cadence". Any session may speak on its
-own host thread while others of the model speak. shared/notes/stock_decoders.md section 4 has the details.
+own host thread while others of the model speak.
 """
 from __future__ import annotations
 

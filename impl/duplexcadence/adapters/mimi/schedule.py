@@ -5,7 +5,7 @@ step's `clocks.Signature` from host ints alone.
 12.5 -> 25 Hz) -> `decoder_transformer` (RingKVCache layers) -> `decoder` (SEANet). moshi's server decodes
 one 80 ms frame per call at batch 1 (server.py L59-82): codes [1, 8, 1] -> PCM [1, 1, 1920] @ 24 kHz.
 `streaming(1)` allocates every region once (streaming.py L110-137) and moshi writes them in place, so no
-region changes length: one shape per session (shared/notes/stock_decoders.md section 4.3).
+region changes length: one shape per session.
 """
 from __future__ import annotations
 
