@@ -1,0 +1,35 @@
+"""tools/graph_set.py: the distinct signatures a script's units meet, walked through a copy of the clocks."""
+from __future__ import annotations
+
+from types import SimpleNamespace as U
+
+from tools import graph_set
+
+
+class FakeClocks:
+    """Signatures (turn, size, final) with a turn counter, so a missed start_turn shows."""
+
+    def __init__(self):
+        self.turns, self.copies = 0, 0
+
+    def copy(self):
+        self.copies += 1
+        c = FakeClocks()
+        c.turns = self.turns
+        return c
+
+    def start_turn(self):
+        self.turns += 1
+
+    def unit(self, size, final=False):
+        return [("step", self.turns, size, final)]
+
+
+def test_walk_counts_each_signature_once_opens_each_turn_and_leaves_the_clocks_alone():
+    units = [U(kind="SPEAK", turn=0, final=False, payload=[1] * 25), U(kind="SPEAK", turn=0, final=False, payload=[1] * 25),
+             U(kind="LISTEN", turn=0, final=False, payload=None), U(kind="SPEAK", turn=0, final=True, payload=[1] * 3),
+             U(kind="SPEAK", turn=1, final=False, payload=[1] * 25), U(kind="LISTEN", turn=1, final=False, payload=[[1, 2]] * 8)]
+    clocks = FakeClocks()
+    sigs = graph_set.walk(clocks, units)
+    assert sigs == [("step", 1, 25, False), ("step", 1, 3, True), ("step", 2, 25, False), ("step", 2, 2, False)]
+    assert clocks.turns == 0 and clocks.copies == 1
