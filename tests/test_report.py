@@ -290,3 +290,18 @@ def test_the_readme_results_table_says_what_the_published_claims_say():
     want = {(r["claim"], r["workload"]): r["verdict"] for r in published["claims"]}
     assert cells == want
     assert published["run"] in readme
+
+
+def test_the_bar_says_which_arm_moved_and_whether_the_trees_match():
+    """-12 against -10 (committed H200 records): MiniCPM-o misses the bar; stock moved 334.3 -> 292.2 ms per unit,
+    DuplexCadence 97.3 -> 98.5 ms, and the two runs ran different impl/ trees (aae2167, 0d9fe8e)."""
+    from suite.report import runs
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    ours = json.loads((root / "2026-12-01-h200-reproduce-12" / "minicpmo45.verify" / "run.json").read_text())
+    ref = json.loads((root / "2026-12-01-h200-reproduce-10" / "minicpmo45.verify" / "run.json").read_text())
+    verdict, reasons = runs.bar(ours, ref, "minicpmo45")
+    assert verdict == "not met"
+    assert reasons[-1] == ("median per unit, the reference's -> ours: stock 334.3 -> 292.2 ms (-12.6%), "
+                           "DuplexCadence 97.3 -> 98.5 ms (+1.3%); impl/ trees aae2167 and 0d9fe8e")
+    assert runs.bar(ours, ours, "minicpmo45")[1][-1].endswith("+0.0%); the same impl/ tree")

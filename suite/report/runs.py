@@ -35,7 +35,23 @@ def bar(ours: dict | None, ref: dict | None, name: str) -> tuple[str, list[str]]
                                          f"{interval(b['x'], b['lo'], b['hi'])}, {b['band']})")
         return "open", [f"{name}: not judged: {' and '.join(older)} of the older protocol (no paired interval){seen}"]
     v = reproduces({name: Summary.from_dict(ref["paired"]["speedup"])}, {name: Summary.from_dict(ours["paired"]["speedup"])})
-    return ("met" if v.ok else "not met"), v.reasons
+    return ("met" if v.ok else "not met"), v.reasons + [arms(ours, ref)]
+
+
+def arms(ours: dict, ref: dict) -> str:
+    """Which arm moved between the two runs: each arm's median ms per unit, the reference's -> ours, and whether
+    the two runs ran the same impl/ tree (the bar is for a second run of the same tree)."""
+    a, b = ours["paired"]["speedup"], ref["paired"]["speedup"]
+
+    def move(key: str) -> str:
+        x, y = b.get(key), a.get(key)
+        if not (isinstance(x, (int, float)) and isinstance(y, (int, float)) and x > 0):
+            return DASH
+        return f"{x:.1f} -> {y:.1f} ms ({(y - x) / x:+.1%})"
+    trees = [(r.get("provenance") or {}).get("impl_tree") for r in (ref, ours)]
+    same = ("the same impl/ tree" if trees[0] and trees[0] == trees[1] else
+            f"impl/ trees {str(trees[0])[:7]} and {str(trees[1])[:7]}")
+    return f"median per unit, the reference's -> ours: stock {move('a_ms_median')}, DuplexCadence {move('b_ms_median')}; {same}"
 
 
 def compare_lines(data: dict, refs: dict) -> list[str]:
