@@ -305,3 +305,5 @@ def test_the_bar_says_which_arm_moved_and_whether_the_trees_match():
     assert reasons[-1] == ("median per unit, the reference's -> ours: stock 334.3 -> 292.2 ms (-12.6%), "
                            "DuplexCadence 97.3 -> 98.5 ms (+1.3%); impl/ trees aae2167 and 0d9fe8e")
     assert runs.bar(ours, ours, "minicpmo45")[1][-1].endswith("+0.0%); the same impl/ tree")
+    older = {**ref, "provenance": {k: v for k, v in ref["provenance"].items() if k != "impl_tree"}}
+    assert runs.bar(ours, older, "minicpmo45")[1][-1].endswith("; impl/ tree not recorded in both")

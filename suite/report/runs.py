@@ -49,8 +49,8 @@ def arms(ours: dict, ref: dict) -> str:
             return DASH
         return f"{x:.1f} -> {y:.1f} ms ({(y - x) / x:+.1%})"
     trees = [(r.get("provenance") or {}).get("impl_tree") for r in (ref, ours)]
-    same = ("the same impl/ tree" if trees[0] and trees[0] == trees[1] else
-            f"impl/ trees {str(trees[0])[:7]} and {str(trees[1])[:7]}")
+    same = ("impl/ tree not recorded in both" if not all(trees) else
+            "the same impl/ tree" if trees[0] == trees[1] else f"impl/ trees {trees[0][:7]} and {trees[1][:7]}")
     return f"median per unit, the reference's -> ours: stock {move('a_ms_median')}, DuplexCadence {move('b_ms_median')}; {same}"
 
 
