@@ -185,6 +185,7 @@ def test_the_record_so_far_comes_before_the_references_and_fresh_references_buil
     assert rec["finished"] and rec["invalid_reasons"] == []
     assert rec["summary"]["units_compared"] == rec["summary"]["units"]
     assert len(target.adapter.builds) == 2 and rec["parameters"]["reference"] == "fresh"   # the stress's, the fresh one
+    assert partial["summary"]["references_s"] is None and rec["summary"]["references_s"] > 0
 
 
 def test_exceptions_are_recorded_with_their_traceback_and_counted():

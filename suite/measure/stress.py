@@ -23,7 +23,8 @@ process, up to the longest prefix any of its sessions spoke, on the same instanc
 on one built the same way (fresh); every unit's sha256 (float32 waveform, int16 PCM) must equal its
 session's. The threads and sessions: suite.measure.stress_session; memory: suite.measure.trend (a sample
 after every close, and the flatness rule). DIR/stress.json (schema STRESS_SCHEMA) is written when the
-threads are done (verdict PARTIAL) and again at the end; a short table is printed last. Exit status 0 only
+threads are done (verdict PARTIAL) and again at the end, with the references' wall seconds (a run that must
+fit a time limit leaves them that: they grow with the (workload, mode, script) combinations that ran); a short table is printed last. Exit status 0 only
 with zero differing units, zero exceptions, flat memory and nothing left in force (bind patches, leased
 capture streams); EXIT_INVALID (1) otherwise; 2 for bad arguments.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -99,7 +101,12 @@ def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_u
     if progress:
         print(f"  stress done: {len(stress.sessions)} sessions in {facts['wall_s']:.0f} s; references ...",
               flush=True)
-    return judge(stress, references(stress, fresh=reference == "fresh"), params, facts)
+    t0 = time.perf_counter()
+    refs = references(stress, fresh=reference == "fresh")
+    facts["references_s"] = time.perf_counter() - t0
+    if progress:
+        print(f"  references done: {len(refs)} sessions alone in {facts['references_s']:.0f} s", flush=True)
+    return judge(stress, refs, params, facts)
 
 
 def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
@@ -108,7 +115,7 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
     series = stress.sampler.series()
     flat = trend.judge(series, params["window"])
     kinds = by_kind(stress.sessions, diffs, stress.exceptions)
-    summary = {"wall_s": facts["wall_s"], "cycles": len(series["memory"].get("rss_mib", [])),
+    summary = {"wall_s": facts["wall_s"], "references_s": facts.get("references_s"), "cycles": len(series["memory"].get("rss_mib", [])),
                **{c: sum(k[c] for k in kinds.values()) for c in COLUMNS}, "units_compared": compared,
                "units_without_reference": missing, "exceptions": len(stress.exceptions)}
     reasons = [f"{len(diffs)} of {compared} units differ from the same session run alone"] if diffs else []
