@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from suite.records import device_type, read_dropins
-from suite.report.text import DASH, fmt, interval
+from suite.report.text import DASH, interval
 
 INTRO = ("The stock decode call's own loop against the same loop through its drop-in (`duplexcadence.dropin`), "
          "paired per unit in A B B A blocks over fresh processes: median stock / drop-in per unit, its 95% "
@@ -21,7 +21,7 @@ def line(rec: dict) -> str:
     where = f"{rec['device']} {dev.get('gpu_name') or ''}".strip()
     fl, b, calls = p.get("floor") or {}, rec["bytes"], rec["calls"]["dropin_units"]
     speed = (f"stock / drop-in {interval(sp['speedup'], sp['ci_low'], sp['ci_high'])} per unit over "
-             f"{sp['processes']} processes, {sp['pairs']} pairs; whole loop {fmt(p.get('total_ratio'), '.2f')}x")
+             f"{sp['processes']} processes, {sp['pairs']} pairs; whole loop {interval(p.get('total_ratio'), None, None)}")
     if device_type(rec["device"]) != "cuda":
         speed = f"no speed figure (a CPU run checks the loop and the bytes; {speed})"
     floor = (DASH if not fl else f"{interval(fl['speedup'], fl['ci_low'], fl['ci_high'], '.3f')}"
