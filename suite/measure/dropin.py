@@ -53,13 +53,14 @@ COUNTERS = ("captures", "replays", "eager_runs", "warmup_runs", "eager_fallbacks
 class Arm:
     """One arm as a run_pairs session. step(payload, final) -> UnitOutput; reset(): the caller's stream reset,
     run inside the next `speak` after construction or `start_turn()` (continuous: only after construction);
-    dropin: the drop-in (its `.session` the CadenceSession now), None for stock. `calls`: the drop-in's units
-    by what their steps did ("captured" any graph, else "eager" any step, else "replayed"); `stats()`: its
-    graph counters summed over its sessions."""
+    dropin: the drop-in (its `.session` the CadenceSession now), None for stock. `mark()` before and `count()`
+    after a timed `speak` (outside its time: `timed`) read the drop-in's counters: `calls`, its units by what
+    their steps did ("captured" any graph, else "eager" any step, else "replayed"); `stats()`, its graph
+    counters summed over its sessions."""
 
     def __init__(self, step, reset, dropin=None, continuous: bool = False):
         self.step, self.reset, self.dropin, self.continuous = step, reset, dropin, continuous
-        self.pending, self.totals, self.calls = True, dict.fromkeys(COUNTERS, 0), Counter()
+        self.pending, self.totals, self.calls, self.was = True, dict.fromkeys(COUNTERS, 0), Counter(), None
 
     def session(self):
         return None if self.dropin is None else self.dropin.session
@@ -68,23 +69,38 @@ class Arm:
         self.pending = self.pending or not self.continuous
 
     def speak(self, payload, *, final: bool = False):
-        was = self.session()
-        before = was.stats() if was is not None else None
         if self.pending:
             self.reset()
             self.pending = False
-        out = self.step(payload, final)
+        return self.step(payload, final)
+
+    def mark(self) -> None:
+        self.was = self.session()
+        self.before = self.was.stats() if self.was is not None else None
+
+    def count(self) -> None:
         now = self.session()
-        if now is not None:
-            after = now.stats()
-            d = {k: getattr(after, k) - (getattr(before, k) if now is was else 0) for k in COUNTERS}
-            self.totals = {k: self.totals[k] + d[k] for k in COUNTERS}
-            eager = d["eager_runs"] + d["warmup_runs"] + d["eager_fallbacks"]
-            self.calls["captured" if d["captures"] else "eager" if eager else "replayed"] += 1
-        return out
+        if now is None:
+            return
+        after = now.stats()
+        d = {k: getattr(after, k) - (getattr(self.before, k) if now is self.was else 0) for k in COUNTERS}
+        self.totals = {k: self.totals[k] + d[k] for k in COUNTERS}
+        eager = d["eager_runs"] + d["warmup_runs"] + d["eager_fallbacks"]
+        self.calls["captured" if d["captures"] else "eager" if eager else "replayed"] += 1
 
     def stats(self):
         return SimpleNamespace(**self.totals)
+
+
+def timed(timer):
+    """run_pairs' timer: `timer` (UnitTimer: (result, ms, wall ms)) around an Arm's speak, its counters read
+    before and after, outside the time."""
+    def call(speak, *args, **kwargs):
+        speak.__self__.mark()
+        out = timer(speak, *args, **kwargs)
+        speak.__self__.count()
+        return out
+    return call
 
 
 def _mimi(model, spec, dropin: bool) -> Arm:
@@ -158,7 +174,7 @@ def run_process(name: str, device, *, index: int = 1, depth: str = "reduced", st
               "aa_speak_units": aa_units, "aa_warmup_pairs": aa_warmup}
     out = {"index": index, "pid": os.getpid(), "parameters": params, "seeds": s.seeds, "device": str(s.device),
            "provenance": env.provenance(command, device=s.device)}
-    t0, timer, buffers = time.perf_counter(), UnitTimer(s.device), [torch.zeros(1, device=s.device) for _ in 'ab']
+    t0, timer, buffers = time.perf_counter(), timed(UnitTimer(s.device)), [torch.zeros(1, device=s.device) for _ in 'ab']
 
     def probe() -> float:                        # microseconds per tiny eager launch now (as the verify's)
         return env.host_op_us(s.device, ops=env.UNIT_PROBE_OPS, repeats=1, buffers=buffers, warmup=0)
