@@ -327,8 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.out) / f"dropin_{args.dropin}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
-    from suite.report.dropins import line
-    print(line(record))
+    sp, b = record["paired"]["speedup"], record["bytes"]
+    print(f"drop-in {args.dropin}: stock / drop-in {sp['speedup']:.3f}x [{sp['ci_low']:.3f}-{sp['ci_high']:.3f}] "
+          f"per unit ({sp['processes']} processes, {sp['pairs']} pairs); bytes {b['verdict']} ({b['units_equal']}/"
+          f"{b['units_compared']} units equal)" if sp.get("speedup") is not None else
+          f"drop-in {args.dropin}: no measured pair; bytes {b['verdict']}")
     print(f"drop-in record: {path} (verdict {record['verdict']})")
     return 0
 
