@@ -34,6 +34,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_SCHEMA = "duplexcadence.run/1"
 #: A paired verify record (suite.measure.verify): run/1's fields plus `paired` (suite.records.paired).
 VERIFY_SCHEMA = "duplexcadence.verify/1"
+#: A drop-in speed record (suite.measure.dropin): the stock call's loop against the drop-in's, paired.
+DROPIN_SCHEMA = "duplexcadence.dropin/1"
 DUPLEX_SCHEMA = "duplexcadence.duplex/3"
 DUPLEX_READ_SCHEMAS = ("duplexcadence.duplex/1", "duplexcadence.duplex/2", DUPLEX_SCHEMA)
 SAMPLE_RATE = 24000                 # every UnitOutput is @ 24 kHz (duplexcadence.session)
@@ -139,6 +141,12 @@ def read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_dropins(folder: Path) -> list[dict]:
+    """The drop-in records (DROPIN_SCHEMA) in `folder` (its dropin_*.json), by name; [] for none."""
+    found = [read_json(p) for p in sorted(Path(folder).glob("dropin_*.json"))]
+    return [r for r in found if r and r.get("schema") == DROPIN_SCHEMA]
 
 
 def headline(memory: dict) -> tuple[str, float | None]:

@@ -4,10 +4,11 @@
     python -m suite.report RUN --publish [--results DIR]
 
 stages.json: the merged report, claims.json and plots (--compare first records reference runs in it);
-run.json: its own REPORT.md; duplex.json alone: its plots. --publish: one staged run's report and claims
-also at the fixed paths DIR/REPORT.md and DIR/CLAIMS.json (default results/: the latest complete reference,
-as chosen by whoever publishes). Every folder is checked before any is written; with none named it exits 2
-and rewrites nothing (committed reports were rendered by the code of their day).
+run.json: its own REPORT.md; duplex.json alone: its plots; drop-in records alone (dropin_*.json): their
+lines. --publish: one staged run's report and claims also at the fixed paths DIR/REPORT.md and
+DIR/CLAIMS.json (default results/: the latest complete reference, as chosen by whoever publishes). Every
+folder is checked before any is written; with none named it exits 2 and rewrites nothing (committed reports
+were rendered by the code of their day).
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from suite.records import REPO_ROOT, read_duplex
-from suite.report import document, single
+from suite.records import REPO_ROOT, read_dropins, read_duplex
+from suite.report import document, dropins, single
 from suite.report.plots import duplex_plots
 
 
@@ -54,7 +55,8 @@ def checked(folder: str | Path, compare: list[str] | None):
             duplex_plots(record, folder)
             return folder / "duplex.json"
         return write_plots
-    text = single.render_file(folder / "run.json")
+    text = (dropins.render(folder) if not (folder / "run.json").is_file() and read_dropins(folder)
+            else single.render_file(folder / "run.json"))
 
     def write_single() -> Path:
         (folder / "REPORT.md").write_text(text)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from suite.records import HARNESSES, device_type, registered, unselected
+from suite.report import dropins
 from suite.report.claims import VERDICTS, claim_rows, limit_text, ordered, ratio_bounds, ratio_text
 from suite.report.figures import (duplex_figures, gpu_name, load, load_reference, memory_figures, resolve_reference,
                                   speedup, status, timed_note)
@@ -199,7 +200,7 @@ def render(data: dict, refs: dict | None = None, written: dict | None = None, re
              *speed_section(data, written.get("speed", []), prefix),
              *memory_section(data, written.get("memory", []), prefix),
              *sessions_section(data, written.get("sessions", []), prefix),
-             *bytes_section(data)]
+             *bytes_section(data), *dropins.section(data.get("dropins") or [])]
     if refs:
         parts += ["## Against the reference run", "", *compare_lines(data, refs)]
     opts = state.get("options", {})

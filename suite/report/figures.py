@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from suite.records import (DUPLEX_READ_SCHEMAS, DUPLEX_STAGES, family, headline, invalid_codes,
-                           max_zero_miss, overlapping, read_json, read_stages, record_reasons, unpack_units,
-                           UNSEEN_SCRIPTS, verify_protocol)
+                           max_zero_miss, overlapping, read_dropins, read_json, read_stages, record_reasons,
+                           unpack_units, UNSEEN_SCRIPTS, verify_protocol)
 
 PER_MODE = "one process per mode"
 BOTH_MODES = "one process, both modes (verify)"
@@ -23,7 +23,8 @@ JOINED = ("stock", "cadence")          # the duplex modes a workload's row joins
 
 # --- reading ---------------------------------------------------------------------------------------------
 def load(run_dir: str | Path) -> dict:
-    """{"state": stages.json, "run_dir", "workloads": {name: {harness: {"state", "record", "duplex", "timed"}}}}:
+    """{"state": stages.json, "run_dir", "workloads": {name: {harness: {"state", "record", "duplex", "timed"}}},
+    "dropins": the folder's drop-in records (suite.records.read_dropins)}:
     "record" a done stage's run.json; "duplex" a duplex stage's {"file", "record"} (done, or the checkpoint
     a failed or pending one left); "timed" how its last attempt was timed (`timed_beside`). Raises
     FileNotFoundError for a missing stages.json, StateError (a ValueError) for a mis-shaped one."""
@@ -40,7 +41,7 @@ def load(run_dir: str | Path) -> dict:
         elif st.get("status") in ("failed", "pending") and st["harness"] in DUPLEX_STAGES.values():
             entry["duplex"] = duplex_record(folder, run_dir)   # what a crash or a time limit left (PARTIAL)
         out.setdefault(st["workload"], {})[st["harness"]] = entry
-    return {"state": state, "workloads": out, "run_dir": run_dir}
+    return {"state": state, "workloads": out, "run_dir": run_dir, "dropins": read_dropins(run_dir)}
 
 
 def duplex_record(folder: Path, run_dir: Path) -> dict | None:
