@@ -52,7 +52,7 @@ def test_mixed_real_sessions_on_threads_equal_each_alone(real_targets):
     spoke = {k for k, v in rec["by_kind"].items() if v["units"]}
     assert {"moshi/stock", "minicpmo45/stock", "qwen3_omni/cadence", "minicpmo45/cadence"} <= spoke, rec["by_kind"]
     assert s["opened"] - 4 <= s["cycles"] <= s["opened"] and s["closed_mid_turn"] >= 1    # closes at load
-    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0}
+    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0, "cuda_graphs_alive_after": 0}
     for r in rec["sessions"]:
         ref = rec["references"].get(f"{r['workload']}/{r['mode']}/{r['script']}")
         assert r["spoken_units"] == 0 or ref["units"] >= r["spoken_units"]
@@ -113,6 +113,20 @@ class LeaksOnClose(fakes.FakeSession):
         super().close()
 
 
+class FakeGraph:
+    """Stands for torch.cuda.CUDAGraph in the check of what a closed session leaves alive."""
+
+
+GRAPHS_KEPT: list = []
+
+
+class KeepsAGraphOnClose(fakes.FakeSession):
+    def close(self):
+        if not self.closed:
+            GRAPHS_KEPT.append(FakeGraph())
+        super().close()
+
+
 class OneThreadAtATime(fakes.FakeSession):
     """Declares itself not concurrent and raises if two threads are ever inside its model at once."""
     capabilities = fakes.CarriedSession.capabilities
@@ -164,6 +178,18 @@ def test_honest_fakes_pass_and_sessions_that_may_not_run_concurrently_are_serial
     assert plain["captures"] == 3 * plain["opened"] and rec["by_kind"]["plain/stock"]["captures"] == 0
     assert plain["replays"] + plain["eager_fallbacks"] == plain["units"]
     assert rec["memory"]["flatness"]["rss_mib"]["flat"], rec["memory"]["flatness"]
+
+
+def test_graphs_a_closed_session_leaves_alive_are_counted(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    clean = quick([fake_target("plain")])
+    assert clean["checks"]["cuda_graphs_alive_after"] == 0
+    GRAPHS_KEPT.clear()
+    rec = quick([fake_target("keeps", adapter=adapter_of(KeepsAGraphOnClose))])
+    opened = sum(k["opened"] for k in rec["by_kind"].values())
+    assert opened > 0 and rec["checks"]["cuda_graphs_alive_after"] == opened      # counted before the references
+    assert "cuda graphs alive after" in stress.table({**rec, "verdict": "X"})
+    GRAPHS_KEPT.clear()
 
 
 def test_a_session_refused_at_open_waits_for_a_close_and_opens_then():
@@ -256,4 +282,4 @@ def test_cuda_mixed_sessions_on_threads_equal_each_alone():
                             progress=False)
     assert rec["exceptions"] == [] and rec["summary"]["differing_units"] == 0, rec["exceptions"][:2]
     assert rec["summary"]["units_compared"] == rec["summary"]["units"] > 0
-    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0}
+    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0, "cuda_graphs_alive_after": 0}
