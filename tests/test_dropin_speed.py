@@ -22,7 +22,8 @@ from suite.report import document, figures  # noqa: E402
 from torch_threads import torch_threads  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "2026-12-01-h200-reproduce-9"     # a staged run
-OPTS = dict(depth="reduced", steps=2, max_speak_units=5, aa_units=2)      # 2 turns; 2 A/A units, 1 measured
+OPTS = dict(depth="reduced", max_speak_units=5, aa_units=2)      # 2 turns; 2 A/A units, 1 measured
+STEPS = {"token2wav": 2}                                          # the one drop-in with Euler steps
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,7 +39,7 @@ def clean_one_thread():
 
 @pytest.fixture(scope="module")
 def records():
-    return {name: harness.measure(name, "cpu", processes=1, command=["test"], **OPTS)
+    return {name: harness.measure(name, "cpu", processes=1, command=["test"], steps=STEPS.get(name), **OPTS)
             for name in ("mimi", "code2wav", "token2wav")}
 
 
@@ -97,9 +98,12 @@ def test_bad_arguments_are_named(capsys, tmp_path):
         harness.measure("vocoder", "cpu")
     with pytest.raises(ValueError, match="processes: expected an int >= 1"):
         harness.measure("mimi", "cpu", processes=0)
+    with pytest.raises(ValueError, match="steps: the mimi drop-in"):
+        harness.measure("mimi", "cpu", processes=1, steps=3)
     for args, name in ((["--dropin", "vocoder"], "--dropin"), (["--dropin", "mimi", "--processes", "0"], "--processes"),
                        (["--dropin", "mimi", "--aa-units", "-1"], "--aa-units"),
-                       (["--dropin", "mimi", "--device", "gpu"], "--device")):
+                       (["--dropin", "mimi", "--device", "gpu"], "--device"),
+                       (["--dropin", "code2wav", "--steps", "3"], "steps")):
         argv = ["--device", "cpu", "--out", str(tmp_path)] + args
         assert harness.main(argv) == 2
         assert name in capsys.readouterr().err

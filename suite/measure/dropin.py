@@ -174,7 +174,8 @@ def run_process(name: str, device, *, index: int = 1, depth: str = "reduced", st
               "aa_speak_units": aa_units, "aa_warmup_pairs": aa_warmup}
     out = {"index": index, "pid": os.getpid(), "parameters": params, "seeds": s.seeds, "device": str(s.device),
            "provenance": env.provenance(command, device=s.device)}
-    t0, timer, buffers = time.perf_counter(), timed(UnitTimer(s.device)), [torch.zeros(1, device=s.device) for _ in 'ab']
+    t0, timer = time.perf_counter(), timed(UnitTimer(s.device))
+    buffers = [torch.zeros(1, device=s.device) for _ in 'ab']
 
     def probe() -> float:                        # microseconds per tiny eager launch now (as the verify's)
         return env.host_op_us(s.device, ops=env.UNIT_PROBE_OPS, repeats=1, buffers=buffers, warmup=0)
@@ -208,11 +209,15 @@ def measure(name: str, device, *, processes: int = MIN_PROCESSES, command: list[
     processes one after another (one: run in this process), each `run_process(name, device, **opts)`.
     Returns the record (DROPIN_SCHEMA: per-pair ratios a_ms / b_ms in ms per unit, the paired summary with its
     95% interval, the A/A floor, bytes, the drop-in's units by kind, provenance, verdict). Raises ValueError
-    for an unknown name or processes not an int >= 1, RuntimeError when a process fails."""
+    for an unknown name, processes not an int >= 1 or steps for a drop-in without Euler steps, RuntimeError when
+    a process fails."""
     if name not in LOOPS:
         raise ValueError(f"dropin: expected one of {sorted(LOOPS)}, got {name!r}")
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise ValueError(f"processes: expected an int >= 1, got {processes!r}")
+    if opts.get("steps") is not None and workloads.get(WORKLOAD[name]).euler_steps is None:
+        raise ValueError(f"steps: the {name} drop-in ({WORKLOAD[name]}) has no Euler steps; got steps="
+                         f"{opts['steps']!r} (only token2wav takes it)")
     command = list(command if command is not None else sys.argv)
     if processes == 1:
         return assemble(name, [run_process(name, device, command=command, **opts)], command)

@@ -127,7 +127,8 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
     series = stress.sampler.series()
     flat = trend.judge(series, params["window"])
     kinds = by_kind(stress.sessions, diffs, stress.exceptions)
-    summary = {"wall_s": facts["wall_s"], "references_s": facts.get("references_s"), "cycles": len(series["memory"].get("rss_mib", [])),
+    summary = {"wall_s": facts["wall_s"], "references_s": facts.get("references_s"),
+               "cycles": len(series["memory"].get("rss_mib", [])),
                **{c: sum(k[c] for k in kinds.values()) for c in COLUMNS}, "units_compared": compared,
                "units_without_reference": missing, "exceptions": len(stress.exceptions)}
     reasons = [f"{len(diffs)} of {compared} units differ from the same session run alone"] if diffs else []
@@ -171,7 +172,8 @@ def table(record: dict) -> str:
     memory = tabulate(mem, headers=["memory", "cycles", "slope MiB/cycle", "growth %", "flat"], floatfmt=".3f")
     reasons = record["invalid_reasons"]
     checks = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in record["checks"].items())
-    return f"{kinds}\n\n{memory}\n\n{checks}\n\nverdict {record['verdict']}" + (f": {'; '.join(reasons)}" if reasons else "")
+    return (f"{kinds}\n\n{memory}\n\n{checks}\n\nverdict {record['verdict']}"
+            + (f": {'; '.join(reasons)}" if reasons else ""))
 
 
 def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
