@@ -43,9 +43,10 @@ from suite.records import DROPIN_SCHEMA, device_type, jsonable
 from suite.records.paired import Protocol, pack_pairs
 
 WORKLOAD = {"mimi": "moshi", "code2wav": "qwen3_omni", "token2wav": "minicpmo45"}
-STOCK_CALL = {"mimi": "moshi 0.2.13 MimiModel.decode under streaming(1)",
-              "code2wav": "transformers 5.17.0 Qwen3OmniMoeCode2Wav.forward",
-              "token2wav": "minicpmo-utils 1.0.7 stepaudio2 Token2wav.stream"}
+#: the stock call each drop-in stands in for (the package versions that ran are in the record's provenance)
+STOCK_CALL = {"mimi": "moshi MimiModel.decode under streaming(1)",
+              "code2wav": "transformers Qwen3OmniMoeCode2Wav.forward",
+              "token2wav": "minicpmo-utils stepaudio2 Token2wav.stream"}
 VERIFY_ONLY = ("min_measured_units", "std_min", "clip_level", "clip_fraction_max")     # judged by the verify only
 COUNTERS = ("captures", "replays", "eager_runs", "warmup_runs", "eager_fallbacks", "capture_failures")
 
