@@ -5,6 +5,7 @@ block of the first cache's graph pool (its cuBLAS workspace is primed outside it
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import threading
@@ -239,6 +240,11 @@ def test_inline_false_never_captures_in_run_and_counts_eager_fallbacks():
     assert sig not in cache and cache.entries == {}
 
 
+def _families(warmed: set) -> set:
+    """The warm_key halves of a shared `warmed` set's (host thread, family) keys."""
+    return {family for _, family in warmed}
+
+
 def test_a_warm_up_is_counted_once_per_family_with_warm_key():
     warmed = set()
     cache = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
@@ -247,15 +253,67 @@ def test_a_warm_up_is_counted_once_per_family_with_warm_key():
     voc = signature("vocoder", 10)
     assert cache.capture(f28, step) is False and step.runs == 0       # the family is not warm yet
     cache.run(f28, step)                                             # the one warm-up of "flow"
-    assert cache.stats.warmup_runs == 1 and warmed == {"flow"}
+    assert cache.stats.warmup_runs == 1 and _families(warmed) == {"flow"}
     cache.run(f29, step)                                             # same family: no second warm-up
     assert cache.stats.warmup_runs == 1 and cache.stats.eager_fallbacks == 1
     cache.run(voc, step)
-    assert cache.stats.warmup_runs == 2 and warmed == {"flow", "vocoder"}
+    assert cache.stats.warmup_runs == 2 and _families(warmed) == {"flow", "vocoder"}
     other = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
-    other.run(signature("flow", 30), step)                           # warmed in this process already
+    other.run(signature("flow", 30), step)                           # warmed on this thread already
     assert other.stats.warmup_runs == 0 and other.stats.eager_fallbacks == 1
     assert step.runs == 4
+
+
+def test_a_warm_up_on_one_host_thread_does_not_warm_another():
+    """torch makes cuBLAS / cuDNN handles per host thread, lazily: a family warmed on one thread must still
+    run eagerly once on a new thread before that thread captures it."""
+    warmed, step = set(), _Counter()
+    first = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
+    first.run(signature("window", 12), step)
+    assert first.stats.warmup_runs == 1 and not first.needs_warmup(signature("window", 13))
+    seen = {}
+
+    def other_thread():
+        other = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
+        seen["needs"] = other.needs_warmup(signature("window", 13))
+        seen["captured"] = other.capture(signature("window", 13), step)      # refused: not warm here
+        other.run(signature("window", 13), step)
+        seen["stats"] = (other.stats.warmup_runs, other.stats.eager_fallbacks)
+        seen["after"] = other.needs_warmup(signature("window", 14))
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert seen == {"needs": True, "captured": False, "stats": (1, 0), "after": False}
+    assert len(warmed) == 2 and _families(warmed) == {"window"}
+    assert not first.needs_warmup(signature("window", 14))                # this thread's warm-up still holds
+
+
+def test_a_capture_runs_with_autograd_off(monkeypatch):
+    """A graph holds its outputs: an output with autograd history would keep every intermediate of the step
+    allocated in the pool (a step over modules whose parameters require grad). The capture itself is faked
+    on the CPU; the cache's own code around it is what runs."""
+    class FakeCUDAGraph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 0)
+    monkeypatch.setattr(graphs, "prime_workspace", lambda stream: None)
+    layer = torch.nn.Linear(4, 4)
+    assert layer.weight.requires_grad
+    cache = _dispatch_cache(inline=True)
+    grad_on = []
+
+    def step():
+        grad_on.append(torch.is_grad_enabled())
+        return layer(torch.ones(1, 4))
+
+    out = cache.run(signature("window", 4), step)
+    assert cache.stats.captures == 1 and grad_on == [False]
+    assert out.grad_fn is None and not out.requires_grad
+    assert cache.entries[signature("window", 4)].outputs is out
 
 
 def test_without_warm_key_every_signature_warms_up_warmup_times():

@@ -23,9 +23,12 @@ Sessions on one model, many host threads: a replay touches no Python state of th
 kernels run), but an eager run or a capture runs the step's Python, which may point shared module buffers
 at this session's arena for the step. `lock` (one per model, shared by its sessions' caches) is held for
 exactly those runs, never for a replay. `warmed` (a set shared by the sessions of one model and process)
-records the signatures whose warm-up runs already happened in this process: the warm-up exists for the
-process's lazy initialisations (cuBLAS/cuDNN handles, kernel loading), so a second session captures a
-signature the first one warmed on its first occurrence. Mirrors the idea of vLLM's CudagraphDispatcher (capture keyed by a descriptor) and
+records, per host thread, the step families whose warm-up runs already happened: the warm-up exists for
+lazy initialisations that must not meet a capture, and torch makes some of them per thread (the cuBLAS and
+cuDNN handles of aten/src/ATen/cuda/CublasHandlePool.cpp and aten/src/ATen/cudnn/Handle.cpp), so a session
+captures a family on its first occurrence only on a thread that has already run that family eagerly.
+Every capture runs with autograd off (torch.no_grad): a graph holds its outputs, and outputs with autograd
+history would keep every intermediate of the step allocated in the pool. Mirrors the idea of vLLM's CudagraphDispatcher (capture keyed by a descriptor) and
 moshi's CUDAGraphed (utils/compile.py L190-280), without padding and with many keys.
 """
 from __future__ import annotations
@@ -205,7 +208,7 @@ class GraphCache:
         self.strict = strict
         self.arena = arena
         self.warmup = warmup            # eager runs of a signature before it is captured (lazy inits)
-        self.seen: dict = {}
+        self.seen: dict = {}            # eager warm-up runs by (host thread, warm_key)
         self.warmed = warmed
         self.warm_key = warm_key or (lambda sig: sig)
         self.inline = inline
@@ -250,8 +253,8 @@ class GraphCache:
                 self.stats.replays += 1
                 return entry.outputs
             with self.lock:
-                if self._needs_warmup(signature):
-                    key = self.warm_key(signature)
+                if self.needs_warmup(signature):
+                    key = self._warm_key(signature)
                     self.seen[key] = self.seen.get(key, 0) + 1
                     if self.warmed is not None and self.seen[key] >= self.warmup:
                         self.warmed.add(key)
@@ -265,10 +268,13 @@ class GraphCache:
                     return step()
                 return self._capture(signature, step)
 
-    def _needs_warmup(self, signature) -> bool:
-        """True while `signature` has had fewer than `warmup` eager runs, here or (with `warmed`) in any
-        cache sharing the set; never after close()."""
-        key = self.warm_key(signature)
+    def _warm_key(self, signature):
+        return _thread_token(), self.warm_key(signature)
+
+    def needs_warmup(self, signature) -> bool:
+        """True while `signature` has had fewer than `warmup` eager runs on this host thread, here or (with
+        `warmed`) in any cache sharing the set; never after close()."""
+        key = self._warm_key(signature)
         if self.closed or self.seen.get(key, 0) >= self.warmup:
             return False
         return self.warmed is None or key not in self.warmed
@@ -277,14 +283,14 @@ class GraphCache:
         """Capture `signature` ahead of time without running it: the step's kernels are recorded, not run,
         so the session's state is unchanged (the step must not change host state either). For signatures
         the clocks predict before they are needed (`Session.prepare`). A signature whose warm-up has not
-        run in this process (warmup > 0) is not captured here: capturing a first occurrence can meet lazy
+        run on this host thread (warmup > 0) is not captured here: capturing a first occurrence can meet lazy
         initialisations that must run eagerly once. Returns True if a graph now exists for it."""
         if not self.enabled or signature in self.entries:
             return signature in self.entries
         if self.closed or signature in self.eager_only:
             return False
         with self.lock, gate.work():
-            if self._needs_warmup(signature):
+            if self.needs_warmup(signature):
                 return False
             return self._capture(signature, step, replay=False) is not _FAILED
 
@@ -297,7 +303,7 @@ class GraphCache:
                 prime_workspace(self.capture_stream)
                 before = torch.cuda.memory_reserved(self.device)
                 with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream,
-                                      capture_error_mode="thread_local"):
+                                      capture_error_mode="thread_local"), torch.no_grad():
                     outputs = step()
         except Exception as exc:  # an uncapturable op: this signature runs eagerly from now on
             self.stats.capture_failures += 1
@@ -339,6 +345,16 @@ def pool_segment_bytes(device, pool) -> int:
 
 
 _FAILED = object()
+_THREAD = threading.local()
+
+
+def _thread_token() -> object:
+    """This host thread's key in `warmed` sets: an object made once per thread (a thread id can be reused
+    by a later thread; the token, held by the sets it is in, cannot)."""
+    token = getattr(_THREAD, "token", None)
+    if token is None:
+        token = _THREAD.token = object()
+    return token
 _PRIMED: set = set()
 _PRIMED_LOCK = threading.Lock()
 #: Device bytes the allocator reserved while priming capture streams (their cuBLAS workspaces).

@@ -117,7 +117,7 @@ _MODEL_STATE_LOCK = threading.Lock()
 
 def model_state(model) -> dict:
     """The runtime's per-model-instance state shared by that instance's sessions (a lock for eager steps and
-    captures, signatures already warmed in this process, voice bases, device tables), as one dict kept
+    captures, signatures already warmed on each host thread, voice bases, device tables), as one dict kept
     beside the model, not on it: `copy.deepcopy(model)` copies the weights only and the copy starts with
     an empty dict; the entry goes when the model is collected. Thread-safe. Raises TypeError for an object
     that cannot be weakly referenced."""

@@ -159,7 +159,7 @@ class CadenceSession(Session):
         """Capture window signatures ahead, changing neither context nor clocks (a step writes only the window
         and io.wave). None: every window of a turn of 12- and 13-frame units (Turn.turn_signatures: 11 at
         C = 25, initial 4); a shorter final unit's once its payload is known (`signatures(n, final=True)`).
-        A window's first capture in the process follows one eager warm-up run. Pool bytes per signature:
+        A window's first capture on a host thread follows one eager warm-up run there. Pool bytes per signature:
         stats().detail. Returns the counters' change; no-op on CPU. Raises InputError for a signature the
         session's schedule cannot run."""
         self.check_open("prepare")

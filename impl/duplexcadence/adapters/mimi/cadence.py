@@ -139,7 +139,7 @@ class CadenceSession(MimiSession):
     def prepare(self, signatures=None) -> dict:
         """Capture these signatures ahead (None: what every unit needs, units of `UNIT_SIZES` = 12 and 13
         frames: the one frame step, or both unit graphs), changing neither state nor clocks: a capture
-        records kernels without running them; a signature's first capture in the process follows one eager
+        records kernels without running them; a signature's first capture on a host thread follows one eager
         warm-up decode (zero codes), every region restored after it. Returns the counters' change. No-op on
         CPU. Raises InputError for a signature that is not a step of this session."""
         self.check_open("prepare")
