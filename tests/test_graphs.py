@@ -153,6 +153,24 @@ def test_concurrent_acquires_from_many_threads_never_share_a_stream():
     assert leases.leased() == 0
 
 
+def test_a_thread_gets_back_a_free_stream_it_primed_before_any_other():
+    """Every (host thread, capture stream) pair keeps a cuBLAS workspace for the life of the process: a thread
+    that primed a stream gets that one back when it is free, another thread gets the newest free one."""
+    create, made = _fresh_creator()
+    leases = StreamLeases(create)
+    a, b, c = (leases.acquire("cuda:0") for _ in range(3))
+    with graphs._PRIMED_LOCK:
+        graphs._PRIMED.add((graphs._thread_token(), a.cuda_stream))       # what prime_workspace records
+    for s in (a, b, c):
+        leases.release(s)
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("other", leases.acquire("cuda:0")))
+    t.start()
+    t.join()
+    assert got["other"] is c                                   # nothing primed there: the newest free one
+    assert leases.acquire("cuda:0") is a and len(made) == 3    # this thread: the stream it primed
+
+
 def test_release_later_queues_the_stream_until_the_next_call():
     create, made = _fresh_creator()
     leases = StreamLeases(create)

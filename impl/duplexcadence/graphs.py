@@ -59,6 +59,10 @@ class StreamLeases:
     host thread (one handle): two live sessions with the same pool stream share one workspace, and their
     graphs replayed at once on different streams race on it (non-finite vocoder audio, depending on timing).
 
+    A free stream this host thread has already primed (`prime_workspace`) is handed out first: each (thread,
+    stream) pair it captures on keeps a cuBLAS workspace for the life of the process, so without that
+    preference sessions opened and closed on a few threads would make a new workspace for nearly every one.
+
     Without cuda-python, `acquire` falls back to torch's pool and raises RuntimeError when the stream it
     gets is already leased (instead of sharing it). Thread-safe. Garbage-collector callbacks
     (weakref.finalize) must give streams back with `release_later`, which takes no lock: a collection can
@@ -82,7 +86,8 @@ class StreamLeases:
         with self._lock:
             self._drain()
             free = self._free.setdefault(index, [])
-            stream = free.pop() if free else self._create(index)
+            mine = [k for k, s in enumerate(free) if _is_primed(s)]
+            stream = free.pop(mine[-1] if mine else -1) if free else self._create(index)
             if stream.cuda_stream in self._leased:
                 raise RuntimeError(f"stream {stream.cuda_stream:#x} on cuda:{index} is already leased: torch's "
                                    f"stream pool has wrapped around (32 per device); install cuda-python "
@@ -361,6 +366,12 @@ _PRIMED_LOCK = threading.Lock()
 PRIMED_BYTES = [0]
 
 
+def _is_primed(stream) -> bool:
+    """Whether this host thread has primed `stream` (prime_workspace)."""
+    with _PRIMED_LOCK:
+        return (_thread_token(), stream.cuda_stream) in _PRIMED
+
+
 def prime_workspace(stream) -> None:
     """Make the cuBLAS / cuBLASLt workspace of (this thread's handle, `stream`) outside any graph pool.
 
@@ -372,7 +383,7 @@ def prime_workspace(stream) -> None:
     the bytes this reserves are added to PRIMED_BYTES. No-op for None or off CUDA."""
     if stream is None:
         return
-    key = (threading.get_ident(), stream.cuda_stream)
+    key = (_thread_token(), stream.cuda_stream)
     with _PRIMED_LOCK:
         if key in _PRIMED:
             return
