@@ -108,6 +108,13 @@ def state_manifest(model: nn.Module) -> dict:
     return {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
+def session_options(model, mode: str) -> tuple:
+    """The options a session of `mode` takes (new_session's spec keys). Raises ValueError for an unknown mode."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    return ("cadence_graphs", "kv_bookkeeping", "arena_backend", "graphs") if mode == "cadence" else ()
+
+
 def new_session(model, mode: str, spec: dict | None = None):
     """A session on `model` (shared by any number of sessions and threads): mode "stock", "stock_graphs" or
     "cadence" (spec: CadenceSession's; call `prepare()` before the first unit on CUDA). Raises ValueError for
