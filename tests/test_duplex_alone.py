@@ -49,15 +49,15 @@ class GraphDouble:
         return sig in self.entries
 
     def needs_warmup(self, sig) -> bool:
-        """As GraphCache: a family is warmed once per host thread."""
-        return (threading.get_ident(), self.warm_key(sig)) not in self.warmed
+        """As GraphCache: a family is warmed once per host thread (the model's WarmSet)."""
+        return self.warm_key(sig) not in self.warmed
 
     def run(self, sig, step):
         with self.lock:
             if sig in self.entries:
                 self.stats.replays += 1
             elif self.needs_warmup(sig):
-                self.warmed.add((threading.get_ident(), self.warm_key(sig)))
+                self.warmed.add(self.warm_key(sig))
                 self.stats.warmup_runs += 1
             else:
                 self.stats.eager_fallbacks += 1

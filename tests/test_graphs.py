@@ -16,7 +16,7 @@ import torch
 from duplexcadence import graphs
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import signature
-from duplexcadence.graphs import (STREAMS, ArenaMoved, GraphCache, GraphEntry, SignatureError, StreamLeases,
+from duplexcadence.graphs import (STREAMS, ArenaMoved, GraphCache, GraphEntry, SignatureError, StreamLeases, WarmSet,
                                   prime_workspace)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture")
@@ -159,8 +159,7 @@ def test_a_thread_gets_back_a_free_stream_it_primed_before_any_other():
     create, made = _fresh_creator()
     leases = StreamLeases(create)
     a, b, c = (leases.acquire("cuda:0") for _ in range(3))
-    with graphs._PRIMED_LOCK:
-        graphs._PRIMED.add((graphs._thread_token(), a.cuda_stream))       # what prime_workspace records
+    graphs._primed_here().add(a.cuda_stream)                   # what prime_workspace records for this thread
     for s in (a, b, c):
         leases.release(s)
     got = {}
@@ -258,24 +257,19 @@ def test_inline_false_never_captures_in_run_and_counts_eager_fallbacks():
     assert sig not in cache and cache.entries == {}
 
 
-def _families(warmed: set) -> set:
-    """The warm_key halves of a shared `warmed` set's (host thread, family) keys."""
-    return {family for _, family in warmed}
-
-
 def test_a_warm_up_is_counted_once_per_family_with_warm_key():
-    warmed = set()
+    warmed = WarmSet()
     cache = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
     step = _Counter()
     f28, f29 = signature("flow", 28, {"conformer_att": 300}), signature("flow", 29, {"conformer_att": 350})
     voc = signature("vocoder", 10)
     assert cache.capture(f28, step) is False and step.runs == 0       # the family is not warm yet
     cache.run(f28, step)                                             # the one warm-up of "flow"
-    assert cache.stats.warmup_runs == 1 and _families(warmed) == {"flow"}
+    assert cache.stats.warmup_runs == 1 and "flow" in warmed and "vocoder" not in warmed
     cache.run(f29, step)                                             # same family: no second warm-up
     assert cache.stats.warmup_runs == 1 and cache.stats.eager_fallbacks == 1
     cache.run(voc, step)
-    assert cache.stats.warmup_runs == 2 and _families(warmed) == {"flow", "vocoder"}
+    assert cache.stats.warmup_runs == 2 and "vocoder" in warmed
     other = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
     other.run(signature("flow", 30), step)                           # warmed on this thread already
     assert other.stats.warmup_runs == 0 and other.stats.eager_fallbacks == 1
@@ -285,7 +279,7 @@ def test_a_warm_up_is_counted_once_per_family_with_warm_key():
 def test_a_warm_up_on_one_host_thread_does_not_warm_another():
     """torch makes cuBLAS / cuDNN handles per host thread, lazily: a family warmed on one thread must still
     run eagerly once on a new thread before that thread captures it."""
-    warmed, step = set(), _Counter()
+    warmed, step = WarmSet(), _Counter()
     first = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
     first.run(signature("window", 12), step)
     assert first.stats.warmup_runs == 1 and not first.needs_warmup(signature("window", 13))
@@ -298,12 +292,12 @@ def test_a_warm_up_on_one_host_thread_does_not_warm_another():
         other.run(signature("window", 13), step)
         seen["stats"] = (other.stats.warmup_runs, other.stats.eager_fallbacks)
         seen["after"] = other.needs_warmup(signature("window", 14))
+        seen["families"] = "window" in warmed
 
     t = threading.Thread(target=other_thread)
     t.start()
     t.join()
-    assert seen == {"needs": True, "captured": False, "stats": (1, 0), "after": False}
-    assert len(warmed) == 2 and _families(warmed) == {"window"}
+    assert seen == {"needs": True, "captured": False, "stats": (1, 0), "after": False, "families": True}
     assert not first.needs_warmup(signature("window", 14))                # this thread's warm-up still holds
 
 

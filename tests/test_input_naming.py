@@ -124,6 +124,7 @@ def test_signatures_take_a_bool_final(models, name):
 
 
 @pytest.mark.parametrize("name, mode, good", [("moshi", "cadence", {"cadence_graphs": "unit"}),
+                                              ("moshi", "cadence", {"capture": "inline"}),
                                               ("qwen3_omni", "cadence", {"left_context": 30}),
                                               ("qwen3_omni", "stock", {"initial_frames": 2})])
 def test_a_misspelled_session_option_is_named_not_ignored(name, mode, good):

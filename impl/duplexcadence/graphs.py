@@ -22,8 +22,8 @@ on both devices.
 Sessions on one model, many host threads: a replay touches no Python state of the shared model (only its
 kernels run), but an eager run or a capture runs the step's Python, which may point shared module buffers
 at this session's arena for the step. `lock` (one per model, shared by its sessions' caches) is held for
-exactly those runs, never for a replay. `warmed` (a set shared by the sessions of one model and process)
-records, per host thread, the step families whose warm-up runs already happened: the warm-up exists for
+exactly those runs, never for a replay. `warmed` (a WarmSet shared by the sessions of one model) records,
+per host thread, the step families whose warm-up runs already happened: the warm-up exists for
 lazy initialisations that must not meet a capture, and torch makes some of them per thread (the cuBLAS and
 cuDNN handles of aten/src/ATen/cuda/CublasHandlePool.cpp and aten/src/ATen/cudnn/Handle.cpp), so a session
 captures a family on its first occurrence only on a thread that has already run that family eagerly.
@@ -193,7 +193,7 @@ class GraphCache:
     device: the session's device; graphs are used only on CUDA and when `enabled` (default: CUDA).
     strict: after `close()`, an unseen signature raises SignatureError instead of running eagerly.
     arena: the session's Arena; its base address is checked on every replay.
-    warmup: eager runs of a new signature before it is captured; warmed: a set shared across the caches
+    warmup: eager runs of a new signature before it is captured; warmed: a WarmSet shared across the caches
     of one model (see the module docstring), None = per cache; warm_key: what a warm-up is counted under
     (default the signature itself; e.g. `lambda s: s.step` warms a whole step family with one eager run,
     after which every signature of that family can be captured ahead); lock: a context manager (the model's
@@ -205,7 +205,7 @@ class GraphCache:
     """
 
     def __init__(self, device, *, enabled: bool | None = None, strict: bool = False, arena=None,
-                 warmup: int = 0, warmed: set | None = None, lock=None, warm_key=None, inline: bool = True):
+                 warmup: int = 0, warmed: "WarmSet | None" = None, lock=None, warm_key=None, inline: bool = True):
         self.device = torch.device(device)
         self.enabled = (self.device.type == "cuda") if enabled is None else enabled
         if self.enabled and self.device.type != "cuda":
@@ -213,7 +213,7 @@ class GraphCache:
         self.strict = strict
         self.arena = arena
         self.warmup = warmup            # eager runs of a signature before it is captured (lazy inits)
-        self.seen: dict = {}            # eager warm-up runs by (host thread, warm_key)
+        self._seen = threading.local()  # per host thread: eager warm-up runs by warm_key
         self.warmed = warmed
         self.warm_key = warm_key or (lambda sig: sig)
         self.inline = inline
@@ -259,9 +259,9 @@ class GraphCache:
                 return entry.outputs
             with self.lock:
                 if self.needs_warmup(signature):
-                    key = self._warm_key(signature)
-                    self.seen[key] = self.seen.get(key, 0) + 1
-                    if self.warmed is not None and self.seen[key] >= self.warmup:
+                    key, seen = self.warm_key(signature), self._seen_here()
+                    seen[key] = seen.get(key, 0) + 1
+                    if self.warmed is not None and seen[key] >= self.warmup:
                         self.warmed.add(key)
                     self.stats.warmup_runs += 1
                     return step()
@@ -273,14 +273,17 @@ class GraphCache:
                     return step()
                 return self._capture(signature, step)
 
-    def _warm_key(self, signature):
-        return _thread_token(), self.warm_key(signature)
+    def _seen_here(self) -> dict:
+        seen = getattr(self._seen, "runs", None)
+        if seen is None:
+            seen = self._seen.runs = {}
+        return seen
 
     def needs_warmup(self, signature) -> bool:
         """True while `signature` has had fewer than `warmup` eager runs on this host thread, here or (with
         `warmed`) in any cache sharing the set; never after close()."""
-        key = self._warm_key(signature)
-        if self.closed or self.seen.get(key, 0) >= self.warmup:
+        key = self.warm_key(signature)
+        if self.closed or self._seen_here().get(key, 0) >= self.warmup:
             return False
         return self.warmed is None or key not in self.warmed
 
@@ -350,26 +353,42 @@ def pool_segment_bytes(device, pool) -> int:
 
 
 _FAILED = object()
-_THREAD = threading.local()
-
-
-def _thread_token() -> object:
-    """This host thread's key in `warmed` sets: an object made once per thread (a thread id can be reused
-    by a later thread; the token, held by the sets it is in, cannot)."""
-    token = getattr(_THREAD, "token", None)
-    if token is None:
-        token = _THREAD.token = object()
-    return token
-_PRIMED: set = set()
-_PRIMED_LOCK = threading.Lock()
+_PRIMED = threading.local()      # per host thread: the cuda_stream addresses it primed
 #: Device bytes the allocator reserved while priming capture streams (their cuBLAS workspaces).
 PRIMED_BYTES = [0]
 
 
+def _primed_here() -> set:
+    primed = getattr(_PRIMED, "streams", None)
+    if primed is None:
+        primed = _PRIMED.streams = set()
+    return primed
+
+
 def _is_primed(stream) -> bool:
     """Whether this host thread has primed `stream` (prime_workspace)."""
-    with _PRIMED_LOCK:
-        return (_thread_token(), stream.cuda_stream) in _PRIMED
+    return stream.cuda_stream in _primed_here()
+
+
+class WarmSet:
+    """The step families warmed on each host thread, for the caches of one model (GraphCache's `warmed`):
+    `key in s` and `s.add(key)` see only the calling thread's families. Kept in thread-local storage, so a
+    thread's entries go when the thread ends."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _here(self) -> set:
+        families = getattr(self._local, "families", None)
+        if families is None:
+            families = self._local.families = set()
+        return families
+
+    def __contains__(self, key) -> bool:
+        return key in self._here()
+
+    def add(self, key) -> None:
+        self._here().add(key)
 
 
 def prime_workspace(stream) -> None:
@@ -383,11 +402,10 @@ def prime_workspace(stream) -> None:
     the bytes this reserves are added to PRIMED_BYTES. No-op for None or off CUDA."""
     if stream is None:
         return
-    key = (_thread_token(), stream.cuda_stream)
-    with _PRIMED_LOCK:
-        if key in _PRIMED:
-            return
-        _PRIMED.add(key)
+    primed = _primed_here()
+    if stream.cuda_stream in primed:
+        return
+    primed.add(stream.cuda_stream)
     device = stream.device
     before = torch.cuda.memory_reserved(device)
     with torch.cuda.stream(stream):

@@ -31,7 +31,7 @@ from duplexcadence.adapters.code2wav.schedule import NUM_QUANTIZERS, SAMPLES_PER
 from duplexcadence.adapters.code2wav.stock import CAPABILITIES, parse_codes
 from duplexcadence.arena import Arena
 from duplexcadence.errors import InputError
-from duplexcadence.graphs import GraphCache
+from duplexcadence.graphs import GraphCache, WarmSet
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, Session, SessionStats, check_final, host_waveform, unit_output
 
@@ -93,7 +93,7 @@ class CadenceSession(Session):
             self.arena.allocate()
             self.graphs = GraphCache(self.device, arena=self.arena, enabled=spec.get("graphs"), warmup=1,
                                      inline=spec.get("capture") == "inline", lock=model_lock(model),
-                                     warmed=model_state(model).setdefault("code2wav.warmed", set()))
+                                     warmed=model_state(model).setdefault("code2wav.warmed", WarmSet()))
             self.masks = PreparedMasks(model)
             self._host = torch.empty(NUM_QUANTIZERS * most, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         self.graph_bytes: dict = {}           # signature -> pool bytes its capture took

@@ -19,7 +19,7 @@ from duplexcadence import bind, clocks, gate
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import KeepAll
 from duplexcadence.errors import InputError
-from duplexcadence.graphs import GraphCache
+from duplexcadence.graphs import GraphCache, WarmSet
 from duplexcadence.payload import move_tail_
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import SessionStats
@@ -176,7 +176,7 @@ class CadenceBase(TokenSession):
             if not isinstance(getattr(self.specs.get(name), "policy", None), KeepAll):
                 self.arena.ensure(region.offset, region.nbytes)
         self.flow.attach()
-        warmed = model_state(self.t2w).setdefault("warmed", {}).setdefault(key, set())
+        warmed = model_state(self.t2w).setdefault("warmed", {}).setdefault(key, WarmSet())
         self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=self.arena, warmup=1, warmed=warmed,
                                  warm_key=lambda sig: sig.step, lock=model_lock(self.t2w), inline=self.inline)
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from duplexcadence import rng, upstream
-from duplexcadence.adapters.mimi.cadence import CadenceSession
+from duplexcadence.adapters.mimi.cadence import OPTIONS as CADENCE_OPTIONS, CadenceSession
 from duplexcadence.adapters.mimi.schedule import N_Q
 from duplexcadence.adapters.mimi.stock import StockGraphsSession, StockSession
 
@@ -112,7 +112,7 @@ def session_options(model, mode: str) -> tuple:
     """The options a session of `mode` takes (new_session's spec keys). Raises ValueError for an unknown mode."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    return ("cadence_graphs", "kv_bookkeeping", "arena_backend", "graphs") if mode == "cadence" else ()
+    return (*CADENCE_OPTIONS, "arena_backend", "graphs") if mode == "cadence" else ()
 
 
 def new_session(model, mode: str, spec: dict | None = None):
