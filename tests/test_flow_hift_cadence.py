@@ -359,6 +359,32 @@ def test_cuda_graph_replay_is_bit_exact_and_steady_units_replay(cuda_model):
         assert np.all(np.isfinite(b.waveform))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture and replay")
+def test_cuda_prepared_graphs_keep_only_their_outputs_allocated_in_the_pool(cuda_model):
+    """After prepare(), every block still allocated in the session's graph pool is one of its graphs' outputs:
+    each capture's intermediates went back to the pool (a graph holding outputs with autograd history would keep
+    them all allocated: the vocoder's activations, its convolutions' padded inputs)."""
+    with fh.new_session(cuda_model, "cadence") as cad:
+        assert cad.prepare()["capture_failures"] == 0
+        pool = tuple(cad.graphs.pool)
+        live = []
+        for seg in torch.cuda.memory_snapshot():
+            if tuple(seg.get("segment_pool_id", ())) != pool:
+                continue
+            address = seg["address"]
+            for block in seg["blocks"]:
+                if block["state"] == "active_allocated":
+                    live.append((address, block["size"]))
+                address += block["size"]
+        outputs = set()
+        for entry in cad.graphs.entries.values():
+            for t in entry.outputs if isinstance(entry.outputs, (tuple, list)) else (entry.outputs,):
+                if torch.is_tensor(t):
+                    outputs.add(t.untyped_storage().data_ptr())
+        assert cad.graphs.entries and live
+        assert [blk for blk in live if blk[0] not in outputs] == []
+
+
 def _turn(clocks):
     clocks.start_turn()
     return clocks
