@@ -179,6 +179,18 @@ def test_vocoder_regions_are_read_and_stay_put(model):
         assert {n: b.arena[n].data_ptr() for n in names} == ptrs
 
 
+def test_a_vocoder_step_keeps_no_reference_to_the_phase_it_computed(model):
+    """The stock source function hands its new phase back through the shim's cache; after the copy into the
+    arena's phase region the cache holds nothing (under capture, that tensor lies in the graph pool, and a
+    reference kept here would keep its block allocated for the session's life)."""
+    with fh.new_session(model, "cadence") as s:
+        s.start_turn()
+        for u in range(3):
+            s.speak(tokens_for(u, 25))
+        assert s.vocoder.phase.data_ptr() == s.arena["vocoder_phase"].data_ptr()
+        assert s.vocoder.shim.cache == {}
+
+
 def test_cadence_needs_none_of_the_stock_module_buffers():
     """for_mode(model, "cadence") frees the stock DiT buffers: the voice set-up and every step run on the arena,
     bytes equal stock's (computed on the same instance before), and a stock session is then refused."""
