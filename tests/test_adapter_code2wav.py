@@ -795,6 +795,39 @@ class TestGraphs:
         stats = cadence.stats()
         assert stats.captures + stats.warmup_runs >= 6 and stats.eager_fallbacks == 0
 
+    def test_a_new_thread_warms_up_before_its_first_capture_and_keeps_its_bytes(self, cuda_model):
+        """Every window warmed on this thread first; then, on a new host thread (no cuBLAS / cuDNN handle of
+        its own yet), a cadence session prepares (its own warm-ups, then the captures) and speaks, and a stock
+        session speaks after it on that thread: no capture fails, both give this thread's bytes."""
+        units = make_units(TURN, seed=51)
+
+        def speak_all(session):
+            session.start_turn()
+            out = [session.speak(c, final=k == len(units) - 1).waveform.tobytes() for k, c in enumerate(units)]
+            session.close()
+            return out
+
+        here = c2w.new_session(cuda_model, "cadence")
+        here.prepare()
+        expected, got = speak_all(here), {}
+
+        def other_thread():
+            try:
+                cadence = c2w.new_session(cuda_model, "cadence")
+                got["prepared"] = cadence.prepare()
+                got["cadence"] = speak_all(cadence)
+                got["stock"] = speak_all(c2w.new_session(cuda_model, "stock"))
+            except Exception as exc:   # noqa: BLE001
+                got["error"] = f"{type(exc).__name__}: {exc}"
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        assert "error" not in got, got["error"]
+        prepared = got["prepared"]
+        assert (prepared["capture_failures"], prepared["captures"], prepared["warmup_runs"]) == (0, 11, 11)
+        assert got["cadence"] == expected and got["stock"] == expected
+
     def test_threads_replay_without_the_lock_and_equal_each_alone(self, cuda_model):
         spec = {"left_context": 60}
         plans = [("stock", spec, make_units([12, 13] * 4, seed=41)), ("cadence", spec, make_units([12, 13] * 4, seed=42)),

@@ -179,6 +179,18 @@ def test_vocoder_regions_are_read_and_stay_put(model):
         assert {n: b.arena[n].data_ptr() for n in names} == ptrs
 
 
+def test_a_vocoder_step_keeps_no_reference_to_the_phase_it_computed(model):
+    """The stock source function hands its new phase back through the shim's cache; after the copy into the
+    arena's phase region the cache holds nothing (under capture, that tensor lies in the graph pool, and a
+    reference kept here would keep its block allocated for the session's life)."""
+    with fh.new_session(model, "cadence") as s:
+        s.start_turn()
+        for u in range(3):
+            s.speak(tokens_for(u, 25))
+        assert s.vocoder.phase.data_ptr() == s.arena["vocoder_phase"].data_ptr()
+        assert s.vocoder.shim.cache == {}
+
+
 def test_cadence_needs_none_of_the_stock_module_buffers():
     """for_mode(model, "cadence") frees the stock DiT buffers: the voice set-up and every step run on the arena,
     bytes equal stock's (computed on the same instance before), and a stock session is then refused."""
@@ -357,6 +369,32 @@ def test_cuda_graph_replay_is_bit_exact_and_steady_units_replay(cuda_model):
             fallbacks, replays = now.eager_fallbacks - was.eager_fallbacks, now.replays - was.replays
             assert fallbacks + replays == len(sigs) and (fallbacks > 0 if turn == 0 else fallbacks == 0), turn
         assert np.all(np.isfinite(b.waveform))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture and replay")
+def test_cuda_prepared_graphs_keep_only_their_outputs_allocated_in_the_pool(cuda_model):
+    """After prepare(), every block still allocated in the session's graph pool is one of its graphs' outputs:
+    each capture's intermediates went back to the pool (a graph holding outputs with autograd history would keep
+    them all allocated: the vocoder's activations, its convolutions' padded inputs)."""
+    with fh.new_session(cuda_model, "cadence") as cad:
+        assert cad.prepare()["capture_failures"] == 0
+        pool = tuple(cad.graphs.pool)
+        live = []
+        for seg in torch.cuda.memory_snapshot():
+            if tuple(seg.get("segment_pool_id", ())) != pool:
+                continue
+            address = seg["address"]
+            for block in seg["blocks"]:
+                if block["state"] == "active_allocated":
+                    live.append((address, block["size"]))
+                address += block["size"]
+        outputs = set()
+        for entry in cad.graphs.entries.values():
+            for t in entry.outputs if isinstance(entry.outputs, (tuple, list)) else (entry.outputs,):
+                if torch.is_tensor(t):
+                    outputs.add(t.untyped_storage().data_ptr())
+        assert cad.graphs.entries and live
+        assert [blk for blk in live if blk[0] not in outputs] == []
 
 
 def _turn(clocks):

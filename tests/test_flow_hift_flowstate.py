@@ -87,6 +87,9 @@ class FakeGraphs:
         self.enabled, self.entries, self.warmed, self.stats = True, {}, set(), GraphStats()
         self.warm_key = lambda sig: sig.step
 
+    def needs_warmup(self, sig):
+        return self.warm_key(sig) not in self.warmed
+
     def run(self, sig, step):
         if self.warm_key(sig) not in self.warmed:
             self.warmed.add(self.warm_key(sig))

@@ -5,6 +5,7 @@ block of the first cache's graph pool (its cuBLAS workspace is primed outside it
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import threading
@@ -15,7 +16,7 @@ import torch
 from duplexcadence import graphs
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import signature
-from duplexcadence.graphs import (STREAMS, ArenaMoved, GraphCache, GraphEntry, SignatureError, StreamLeases,
+from duplexcadence.graphs import (STREAMS, ArenaMoved, GraphCache, GraphEntry, SignatureError, StreamLeases, WarmSet,
                                   prime_workspace)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture")
@@ -152,6 +153,23 @@ def test_concurrent_acquires_from_many_threads_never_share_a_stream():
     assert leases.leased() == 0
 
 
+def test_a_thread_gets_back_a_free_stream_it_primed_before_any_other():
+    """Every (host thread, capture stream) pair keeps a cuBLAS workspace for the life of the process: a thread
+    that primed a stream gets that one back when it is free, another thread gets the newest free one."""
+    create, made = _fresh_creator()
+    leases = StreamLeases(create)
+    a, b, c = (leases.acquire("cuda:0") for _ in range(3))
+    graphs._primed_here().add(a.cuda_stream)                   # what prime_workspace records for this thread
+    for s in (a, b, c):
+        leases.release(s)
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("other", leases.acquire("cuda:0")))
+    t.start()
+    t.join()
+    assert got["other"] is c                                   # nothing primed there: the newest free one
+    assert leases.acquire("cuda:0") is a and len(made) == 3    # this thread: the stream it primed
+
+
 def test_release_later_queues_the_stream_until_the_next_call():
     create, made = _fresh_creator()
     leases = StreamLeases(create)
@@ -240,22 +258,74 @@ def test_inline_false_never_captures_in_run_and_counts_eager_fallbacks():
 
 
 def test_a_warm_up_is_counted_once_per_family_with_warm_key():
-    warmed = set()
+    warmed = WarmSet()
     cache = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
     step = _Counter()
     f28, f29 = signature("flow", 28, {"conformer_att": 300}), signature("flow", 29, {"conformer_att": 350})
     voc = signature("vocoder", 10)
     assert cache.capture(f28, step) is False and step.runs == 0       # the family is not warm yet
     cache.run(f28, step)                                             # the one warm-up of "flow"
-    assert cache.stats.warmup_runs == 1 and warmed == {"flow"}
+    assert cache.stats.warmup_runs == 1 and "flow" in warmed and "vocoder" not in warmed
     cache.run(f29, step)                                             # same family: no second warm-up
     assert cache.stats.warmup_runs == 1 and cache.stats.eager_fallbacks == 1
     cache.run(voc, step)
-    assert cache.stats.warmup_runs == 2 and warmed == {"flow", "vocoder"}
+    assert cache.stats.warmup_runs == 2 and "vocoder" in warmed
     other = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
-    other.run(signature("flow", 30), step)                           # warmed in this process already
+    other.run(signature("flow", 30), step)                           # warmed on this thread already
     assert other.stats.warmup_runs == 0 and other.stats.eager_fallbacks == 1
     assert step.runs == 4
+
+
+def test_a_warm_up_on_one_host_thread_does_not_warm_another():
+    """torch makes cuBLAS / cuDNN handles per host thread, lazily: a family warmed on one thread must still
+    run eagerly once on a new thread before that thread captures it."""
+    warmed, step = WarmSet(), _Counter()
+    first = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
+    first.run(signature("window", 12), step)
+    assert first.stats.warmup_runs == 1 and not first.needs_warmup(signature("window", 13))
+    seen = {}
+
+    def other_thread():
+        other = _dispatch_cache(inline=False, warmup=1, warmed=warmed, warm_key=lambda sig: sig.step)
+        seen["needs"] = other.needs_warmup(signature("window", 13))
+        seen["captured"] = other.capture(signature("window", 13), step)      # refused: not warm here
+        other.run(signature("window", 13), step)
+        seen["stats"] = (other.stats.warmup_runs, other.stats.eager_fallbacks)
+        seen["after"] = other.needs_warmup(signature("window", 14))
+        seen["families"] = "window" in warmed
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert seen == {"needs": True, "captured": False, "stats": (1, 0), "after": False, "families": True}
+    assert not first.needs_warmup(signature("window", 14))                # this thread's warm-up still holds
+
+
+def test_a_capture_runs_with_autograd_off(monkeypatch):
+    """A graph holds its outputs: an output with autograd history would keep every intermediate of the step
+    allocated in the pool (a step over modules whose parameters require grad). The capture itself is faked
+    on the CPU; the cache's own code around it is what runs."""
+    class FakeCUDAGraph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 0)
+    monkeypatch.setattr(graphs, "prime_workspace", lambda stream: None)
+    layer = torch.nn.Linear(4, 4)
+    assert layer.weight.requires_grad
+    cache = _dispatch_cache(inline=True)
+    grad_on = []
+
+    def step():
+        grad_on.append(torch.is_grad_enabled())
+        return layer(torch.ones(1, 4))
+
+    out = cache.run(signature("window", 4), step)
+    assert cache.stats.captures == 1 and grad_on == [False]
+    assert out.grad_fn is None and not out.requires_grad
+    assert cache.entries[signature("window", 4)].outputs is out
 
 
 def test_without_warm_key_every_signature_warms_up_warmup_times():

@@ -120,3 +120,21 @@ def test_signatures_take_a_bool_final(models, name):
             session.signatures(2, final="x")
     finally:
         session.close()
+
+
+
+@pytest.mark.parametrize("name, mode, good", [("moshi", "cadence", {"cadence_graphs": "unit"}),
+                                              ("moshi", "cadence", {"capture": "inline"}),
+                                              ("qwen3_omni", "cadence", {"left_context": 30}),
+                                              ("qwen3_omni", "stock", {"initial_frames": 2})])
+def test_a_misspelled_session_option_is_named_not_ignored(name, mode, good):
+    model = runtime.open_model(name, device="cpu", depth="reduced")
+    bad = {k[:-1] + k[-1].upper(): v for k, v in good.items()}
+    with pytest.raises(InputError, match=rf"^options: \[{list(bad)[0]!r}\] not taken by a {name} {mode!r} session"):
+        model.session(mode, **bad)
+    model.session(mode, **good).close()
+
+
+def test_an_option_of_another_mode_is_refused():
+    with pytest.raises(InputError, match=r"^options: \['cadence_graphs'\] not taken by a moshi 'stock' session"):
+        runtime.open_model("moshi", device="cpu", depth="reduced").session("stock", cadence_graphs="unit")

@@ -340,26 +340,30 @@ def test_the_profiled_tail_runs_under_the_profiler_and_is_not_measured():
 
 
 class GraphSession(FakeSession):
-    """A fake session with graphs: its first unit of each size runs a step eagerly (counted); prepare()
-    captures the signatures it is given. Logs when prepare runs (inside the timer or not)."""
+    """A fake session with graphs: its first unit of each size runs a step eagerly (counted: the very first as a
+    warm-up run, as GraphCache counts a family's first run on a host thread, the others as eager fallbacks);
+    prepare() captures the signatures it is given. Logs when prepare runs (inside the timer or not)."""
 
     class capabilities:
         graphs = True
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self.graphs, self.eager, self.captures, self.prepared = set(), 0, 0, []
+        self.graphs, self.eager, self.warmups, self.captures, self.prepared = set(), 0, 0, 0, []
 
     def signatures(self, size, final=False):
         return [("step", size, bool(final))]
 
     def speak(self, payload, *, final=False):
         if ("step", len(payload), bool(final)) not in self.graphs:
-            self.eager += 1
+            if self.warmups == 0:
+                self.warmups += 1
+            else:
+                self.eager += 1
         return super().speak(payload, final=final)
 
     def stats(self):
-        return types.SimpleNamespace(eager_fallbacks=self.eager, captures=self.captures)
+        return types.SimpleNamespace(eager_fallbacks=self.eager, warmup_runs=self.warmups, captures=self.captures)
 
     def prepare(self, sigs=None):
         self.prepared.append((list(sigs), self.host.timing))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from duplexcadence import runtime
+from duplexcadence.errors import InputError
 from duplexcadence.runtime import (ADAPTERS, MODELS, BitMismatch, ModelEntry, OpenModel, compare_units,
                                    first_difference, model_lock, model_state, open_model)
 from duplexcadence.session import UnitOutput, to_pcm16
@@ -67,11 +68,17 @@ def test_an_open_model_hands_its_native_object_mode_and_options_to_the_adapter()
             self.calls.append((native, mode, spec))
             return "a session"
 
+        def session_options(self, native, mode):
+            return ("capture",)
+
     fake, native = FakeAdapter(), object()
     opened = OpenModel(ModelEntry("m", "M", "mimi"), fake, native, {"dtype": "float32"})
     assert opened.session("stock", capture="inline") == "a session"
     assert opened.session() == "a session"
     assert fake.calls == [(native, "stock", {"capture": "inline"}), (native, "cadence", {})]
+    with pytest.raises(InputError, match=r"^options: \['captrue'\] not taken by a m 'stock' session"):
+        opened.session("stock", captrue="inline")
+    assert len(fake.calls) == 2                        # refused before the adapter was asked
 
 
 def test_use_expandable_segments_is_a_no_op_off_cuda():

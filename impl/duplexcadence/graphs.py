@@ -22,10 +22,13 @@ on both devices.
 Sessions on one model, many host threads: a replay touches no Python state of the shared model (only its
 kernels run), but an eager run or a capture runs the step's Python, which may point shared module buffers
 at this session's arena for the step. `lock` (one per model, shared by its sessions' caches) is held for
-exactly those runs, never for a replay. `warmed` (a set shared by the sessions of one model and process)
-records the signatures whose warm-up runs already happened in this process: the warm-up exists for the
-process's lazy initialisations (cuBLAS/cuDNN handles, kernel loading), so a second session captures a
-signature the first one warmed on its first occurrence. Mirrors the idea of vLLM's CudagraphDispatcher (capture keyed by a descriptor) and
+exactly those runs, never for a replay. `warmed` (a WarmSet shared by the sessions of one model) records,
+per host thread, the step families whose warm-up runs already happened: the warm-up exists for
+lazy initialisations that must not meet a capture, and torch makes some of them per thread (the cuBLAS and
+cuDNN handles of aten/src/ATen/cuda/CublasHandlePool.cpp and aten/src/ATen/cudnn/Handle.cpp), so a session
+captures a family on its first occurrence only on a thread that has already run that family eagerly.
+Every capture runs with autograd off (torch.no_grad): a graph holds its outputs, and outputs with autograd
+history would keep every intermediate of the step allocated in the pool. Mirrors the idea of vLLM's CudagraphDispatcher (capture keyed by a descriptor) and
 moshi's CUDAGraphed (utils/compile.py L190-280), without padding and with many keys.
 """
 from __future__ import annotations
@@ -56,6 +59,10 @@ class StreamLeases:
     host thread (one handle): two live sessions with the same pool stream share one workspace, and their
     graphs replayed at once on different streams race on it (non-finite vocoder audio, depending on timing).
 
+    A free stream this host thread has already primed (`prime_workspace`) is handed out first: each (thread,
+    stream) pair it captures on keeps a cuBLAS workspace for the life of the process, so without that
+    preference sessions opened and closed on a few threads would make a new workspace for nearly every one.
+
     Without cuda-python, `acquire` falls back to torch's pool and raises RuntimeError when the stream it
     gets is already leased (instead of sharing it). Thread-safe. Garbage-collector callbacks
     (weakref.finalize) must give streams back with `release_later`, which takes no lock: a collection can
@@ -79,7 +86,8 @@ class StreamLeases:
         with self._lock:
             self._drain()
             free = self._free.setdefault(index, [])
-            stream = free.pop() if free else self._create(index)
+            mine = [k for k, s in enumerate(free) if _is_primed(s)]
+            stream = free.pop(mine[-1] if mine else -1) if free else self._create(index)
             if stream.cuda_stream in self._leased:
                 raise RuntimeError(f"stream {stream.cuda_stream:#x} on cuda:{index} is already leased: torch's "
                                    f"stream pool has wrapped around (32 per device); install cuda-python "
@@ -185,7 +193,7 @@ class GraphCache:
     device: the session's device; graphs are used only on CUDA and when `enabled` (default: CUDA).
     strict: after `close()`, an unseen signature raises SignatureError instead of running eagerly.
     arena: the session's Arena; its base address is checked on every replay.
-    warmup: eager runs of a new signature before it is captured; warmed: a set shared across the caches
+    warmup: eager runs of a new signature before it is captured; warmed: a WarmSet shared across the caches
     of one model (see the module docstring), None = per cache; warm_key: what a warm-up is counted under
     (default the signature itself; e.g. `lambda s: s.step` warms a whole step family with one eager run,
     after which every signature of that family can be captured ahead); lock: a context manager (the model's
@@ -197,7 +205,7 @@ class GraphCache:
     """
 
     def __init__(self, device, *, enabled: bool | None = None, strict: bool = False, arena=None,
-                 warmup: int = 0, warmed: set | None = None, lock=None, warm_key=None, inline: bool = True):
+                 warmup: int = 0, warmed: "WarmSet | None" = None, lock=None, warm_key=None, inline: bool = True):
         self.device = torch.device(device)
         self.enabled = (self.device.type == "cuda") if enabled is None else enabled
         if self.enabled and self.device.type != "cuda":
@@ -205,7 +213,7 @@ class GraphCache:
         self.strict = strict
         self.arena = arena
         self.warmup = warmup            # eager runs of a signature before it is captured (lazy inits)
-        self.seen: dict = {}
+        self._seen = threading.local()  # per host thread: eager warm-up runs by warm_key
         self.warmed = warmed
         self.warm_key = warm_key or (lambda sig: sig)
         self.inline = inline
@@ -250,10 +258,10 @@ class GraphCache:
                 self.stats.replays += 1
                 return entry.outputs
             with self.lock:
-                if self._needs_warmup(signature):
-                    key = self.warm_key(signature)
-                    self.seen[key] = self.seen.get(key, 0) + 1
-                    if self.warmed is not None and self.seen[key] >= self.warmup:
+                if self.needs_warmup(signature):
+                    key, seen = self.warm_key(signature), self._seen_here()
+                    seen[key] = seen.get(key, 0) + 1
+                    if self.warmed is not None and seen[key] >= self.warmup:
                         self.warmed.add(key)
                     self.stats.warmup_runs += 1
                     return step()
@@ -265,11 +273,17 @@ class GraphCache:
                     return step()
                 return self._capture(signature, step)
 
-    def _needs_warmup(self, signature) -> bool:
-        """True while `signature` has had fewer than `warmup` eager runs, here or (with `warmed`) in any
-        cache sharing the set; never after close()."""
+    def _seen_here(self) -> dict:
+        seen = getattr(self._seen, "runs", None)
+        if seen is None:
+            seen = self._seen.runs = {}
+        return seen
+
+    def needs_warmup(self, signature) -> bool:
+        """True while `signature` has had fewer than `warmup` eager runs on this host thread, here or (with
+        `warmed`) in any cache sharing the set; never after close()."""
         key = self.warm_key(signature)
-        if self.closed or self.seen.get(key, 0) >= self.warmup:
+        if self.closed or self._seen_here().get(key, 0) >= self.warmup:
             return False
         return self.warmed is None or key not in self.warmed
 
@@ -277,14 +291,14 @@ class GraphCache:
         """Capture `signature` ahead of time without running it: the step's kernels are recorded, not run,
         so the session's state is unchanged (the step must not change host state either). For signatures
         the clocks predict before they are needed (`Session.prepare`). A signature whose warm-up has not
-        run in this process (warmup > 0) is not captured here: capturing a first occurrence can meet lazy
+        run on this host thread (warmup > 0) is not captured here: capturing a first occurrence can meet lazy
         initialisations that must run eagerly once. Returns True if a graph now exists for it."""
         if not self.enabled or signature in self.entries:
             return signature in self.entries
         if self.closed or signature in self.eager_only:
             return False
         with self.lock, gate.work():
-            if self._needs_warmup(signature):
+            if self.needs_warmup(signature):
                 return False
             return self._capture(signature, step, replay=False) is not _FAILED
 
@@ -297,7 +311,7 @@ class GraphCache:
                 prime_workspace(self.capture_stream)
                 before = torch.cuda.memory_reserved(self.device)
                 with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream,
-                                      capture_error_mode="thread_local"):
+                                      capture_error_mode="thread_local"), torch.no_grad():
                     outputs = step()
         except Exception as exc:  # an uncapturable op: this signature runs eagerly from now on
             self.stats.capture_failures += 1
@@ -339,10 +353,42 @@ def pool_segment_bytes(device, pool) -> int:
 
 
 _FAILED = object()
-_PRIMED: set = set()
-_PRIMED_LOCK = threading.Lock()
+_PRIMED = threading.local()      # per host thread: the cuda_stream addresses it primed
 #: Device bytes the allocator reserved while priming capture streams (their cuBLAS workspaces).
 PRIMED_BYTES = [0]
+
+
+def _primed_here() -> set:
+    primed = getattr(_PRIMED, "streams", None)
+    if primed is None:
+        primed = _PRIMED.streams = set()
+    return primed
+
+
+def _is_primed(stream) -> bool:
+    """Whether this host thread has primed `stream` (prime_workspace)."""
+    return stream.cuda_stream in _primed_here()
+
+
+class WarmSet:
+    """The step families warmed on each host thread, for the caches of one model (GraphCache's `warmed`):
+    `key in s` and `s.add(key)` see only the calling thread's families. Kept in thread-local storage, so a
+    thread's entries go when the thread ends."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _here(self) -> set:
+        families = getattr(self._local, "families", None)
+        if families is None:
+            families = self._local.families = set()
+        return families
+
+    def __contains__(self, key) -> bool:
+        return key in self._here()
+
+    def add(self, key) -> None:
+        self._here().add(key)
 
 
 def prime_workspace(stream) -> None:
@@ -356,11 +402,10 @@ def prime_workspace(stream) -> None:
     the bytes this reserves are added to PRIMED_BYTES. No-op for None or off CUDA."""
     if stream is None:
         return
-    key = (threading.get_ident(), stream.cuda_stream)
-    with _PRIMED_LOCK:
-        if key in _PRIMED:
-            return
-        _PRIMED.add(key)
+    primed = _primed_here()
+    if stream.cuda_stream in primed:
+        return
+    primed.add(stream.cuda_stream)
     device = stream.device
     before = torch.cuda.memory_reserved(device)
     with torch.cuda.stream(stream):

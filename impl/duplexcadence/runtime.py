@@ -9,6 +9,7 @@ Every adapter module (duplexcadence.adapters.<architecture>) exposes:
 * ``new_session(model, mode: str, spec: dict) -> duplexcadence.session.Session``: ``mode`` is ``"stock"``
   (the upstream code as it ships, driven as the model's own serving loop drives it), ``"cadence"`` (the
   same kernels on arena views, with CUDA-graph replay on CUDA) or one of the adapter's other ``MODES``.
+* ``session_options(model, mode: str) -> tuple``: the spec keys a session of ``mode`` takes.
 
 `open_model(name, ...)` does both steps for a user: ``open_model("moshi").session("cadence")``.
 """
@@ -68,7 +69,13 @@ class OpenModel:
 
     def session(self, mode: str = "cadence", **options):
         """A new session (duplexcadence.session.Session) in `mode` ("stock", "cadence", or another of the
-        adapter's MODES). options: the adapter's session options. Raises ValueError for an unknown mode."""
+        adapter's MODES). options: the adapter's session options for that mode (`adapter.session_options`).
+        Raises ValueError for an unknown mode, InputError naming an option the mode does not take."""
+        known = self.adapter.session_options(self.native, mode)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise InputError(f"options: {unknown} not taken by a {self.entry.name} {mode!r} session "
+                             f"(expected some of {list(known)})")
         return self.adapter.new_session(self.native, mode, options)
 
 
@@ -117,7 +124,7 @@ _MODEL_STATE_LOCK = threading.Lock()
 
 def model_state(model) -> dict:
     """The runtime's per-model-instance state shared by that instance's sessions (a lock for eager steps and
-    captures, signatures already warmed in this process, voice bases, device tables), as one dict kept
+    captures, signatures already warmed on each host thread, voice bases, device tables), as one dict kept
     beside the model, not on it: `copy.deepcopy(model)` copies the weights only and the copy starts with
     an empty dict; the entry goes when the model is collected. Thread-safe. Raises TypeError for an object
     that cannot be weakly referenced."""

@@ -34,7 +34,7 @@ from workloads import traffic as traffic_mod
 from workloads.common import FORMATS
 
 TRAFFICS = ("voxconverse", "committed")
-CADENCE_COUNTERS = ("captures", "replays", "eager_runs", "eager_fallbacks", "capture_failures")
+CADENCE_COUNTERS = ("captures", "replays", "eager_runs", "eager_fallbacks", "warmup_runs", "capture_failures")
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ def run_sessions(workload, mode: str, session_plans: list[Plan], *, model, adapt
                  if m["speak_units"] else "no SPEAK unit")
         print(f"  {workload.name} {mode:7s} N={n:3d}: {speak}, misses {m['misses']}/{m['units_run']}, captures in slack "
               f"{out['captures_during_cadence']} (inside units {out['captures_inside_timed_units']}), eager first "
-              f"occurrences {out['eager_fallbacks_during_cadence']}", flush=True)
+              f"occurrences {out['eager_fallbacks_during_cadence'] + out['warmup_runs_during_cadence']}", flush=True)
     return out
 
 
@@ -263,6 +263,7 @@ def _record(mode, n, policy, slack, prepare, wall_s, admission, timings, sched, 
             "captures_during_cadence": sum(c.get("captures_during_cadence", 0) for c in capture),
             "captures_inside_timed_units": sum(c.get("captures_inside_timed_units", 0) for c in capture),
             "eager_fallbacks_during_cadence": sum(c["eager_fallbacks"] for c in cadence),
+            "warmup_runs_during_cadence": sum(c["warmup_runs"] for c in cadence),   # a family's first run on a thread
             "slack_jobs": len(sched.slack_timings), "slack_jobs_dropped": sched.slack_dropped,
             "slack_overrun_ms_max": max((j.overrun_s * 1e3 for j in sched.slack_timings), default=0.0),
             "slack_overlapping_timed_units": overlaps, "graphs_end_total": sum(c["graphs_end"] for c in capture),

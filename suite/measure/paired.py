@@ -57,12 +57,14 @@ def first_speak_units(units: list, n: int) -> list:
 
 
 def _graph_counts(session) -> dict | None:
-    """{eager_fallbacks, captures} of the session's stats() now; None for a session without stats()."""
+    """{eager_fallbacks, captures} of the session's stats() now (eager_fallbacks counting warm-up runs too: a
+    family's first run on this host thread is an eager first occurrence as well); None for a session without
+    stats()."""
     stats = getattr(session, "stats", None)
     if not callable(stats):
         return None
     s = stats()
-    return {"eager_fallbacks": int(s.eager_fallbacks), "captures": int(s.captures)}
+    return {"eager_fallbacks": int(s.eager_fallbacks) + int(s.warmup_runs), "captures": int(s.captures)}
 
 
 class _Walker:

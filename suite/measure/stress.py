@@ -164,7 +164,7 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
 def table(record: dict) -> str:
     """The short summary table: per kind, then per memory series, then the verdict."""
     cols = ("sessions", "serialised", "refused_at_open", "closed_mid_turn", "units", "differing_units", "exceptions",
-            "eager_fallbacks", "capture_failures")
+            "eager_fallbacks", "warmup_runs", "capture_failures")
     kinds = tabulate([[k, *(v[c] for c in cols)] for k, v in record["by_kind"].items()],
                      headers=["workload/mode", *(c.replace("_", " ") for c in cols)])
     mem = [[name, f["cycles"], f.get("slope_mib_per_cycle"), f.get("growth_pct"), f["flat"]]

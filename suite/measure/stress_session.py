@@ -27,7 +27,7 @@ PROGRESS_S = 10.0              # a progress line at most this often
 HANG_S = 120.0                 # a thread still running this long after the deadline is hung
 #: SessionStats counters read at close (graph captures ahead, replays, steps run eagerly for want of a graph,
 #: captures that failed and run eagerly since)
-GRAPH_COUNTERS = ("captures", "replays", "eager_fallbacks", "capture_failures")
+GRAPH_COUNTERS = ("captures", "replays", "eager_fallbacks", "warmup_runs", "capture_failures")
 
 
 @dataclass

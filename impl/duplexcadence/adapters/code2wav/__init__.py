@@ -114,6 +114,13 @@ def state_manifest(model) -> dict:
     return {CHECKPOINT_PREFIX + k: list(v.shape) for k, v in model.state_dict().items()}
 
 
+def session_options(model, mode: str) -> tuple:
+    """The options a session of `mode` takes (new_session's spec keys). Raises ValueError for an unknown mode."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    return ("left_context", "initial_frames") + (("capture", "graphs", "arena_backend") if mode != "stock" else ())
+
+
 def new_session(model, mode: str, spec: dict | None = None):
     """A session on `model` (shared by any number of sessions and threads) in `mode` (MODES). spec: left_context
     (25), initial_frames (4); cadence: capture, graphs, arena_backend (call `prepare()` first on CUDA). Raises

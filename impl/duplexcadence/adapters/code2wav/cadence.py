@@ -31,7 +31,7 @@ from duplexcadence.adapters.code2wav.schedule import NUM_QUANTIZERS, SAMPLES_PER
 from duplexcadence.adapters.code2wav.stock import CAPABILITIES, parse_codes
 from duplexcadence.arena import Arena
 from duplexcadence.errors import InputError
-from duplexcadence.graphs import GraphCache
+from duplexcadence.graphs import GraphCache, WarmSet
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, Session, SessionStats, check_final, host_waveform, unit_output
 
@@ -93,7 +93,7 @@ class CadenceSession(Session):
             self.arena.allocate()
             self.graphs = GraphCache(self.device, arena=self.arena, enabled=spec.get("graphs"), warmup=1,
                                      inline=spec.get("capture") == "inline", lock=model_lock(model),
-                                     warmed=model_state(model).setdefault("code2wav.warmed", set()))
+                                     warmed=model_state(model).setdefault("code2wav.warmed", WarmSet()))
             self.masks = PreparedMasks(model)
             self._host = torch.empty(NUM_QUANTIZERS * most, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         self.graph_bytes: dict = {}           # signature -> pool bytes its capture took
@@ -159,7 +159,7 @@ class CadenceSession(Session):
         """Capture window signatures ahead, changing neither context nor clocks (a step writes only the window
         and io.wave). None: every window of a turn of 12- and 13-frame units (Turn.turn_signatures: 11 at
         C = 25, initial 4); a shorter final unit's once its payload is known (`signatures(n, final=True)`).
-        A window's first capture in the process follows one eager warm-up run. Pool bytes per signature:
+        A window's first capture on a host thread follows one eager warm-up run there. Pool bytes per signature:
         stats().detail. Returns the counters' change; no-op on CPU. Raises InputError for a signature the
         session's schedule cannot run."""
         self.check_open("prepare")

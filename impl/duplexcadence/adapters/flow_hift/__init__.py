@@ -53,6 +53,14 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     return Model(t2w, prompt, dict(spec), variant, seed)
 
 
+def session_options(model: Model, mode: str) -> tuple:
+    """The options a session of `mode` takes at the top level of new_session's spec (OPTIONS). Raises
+    ValueError for an unknown mode."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    return OPTIONS.get((model.variant, mode), ())
+
+
 def new_session(model: Model, mode: str, spec: dict | None = None):
     """A session on `model` in `mode`. spec: cadence options (OPTIONS) under spec["cadence"] (a workload's spec) or
     at the top level (runtime.OpenModel.session; other top-level keys are the model's). Raises ValueError for an

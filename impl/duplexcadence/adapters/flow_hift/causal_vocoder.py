@@ -214,7 +214,7 @@ class ArenaVocoder:
             for part in f0.split(self.block, dim=1):
                 self.shim.cache["phase"] = self.phase
                 s = self.source_fn(self.shim, part, 0)
-                self.phase.copy_(self.shim.cache["phase"])
+                self.phase.copy_(self.shim.cache.pop("phase"))    # pop: a capture's phase is not kept alive
                 self.src[:, :, pos:pos + s.shape[-1]].copy_(s)
                 pos += s.shape[-1]
             src_len += sum(sig.get("parts"))

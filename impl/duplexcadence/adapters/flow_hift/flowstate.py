@@ -19,7 +19,7 @@ from duplexcadence import bind, clocks, gate
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import KeepAll
 from duplexcadence.errors import InputError
-from duplexcadence.graphs import GraphCache
+from duplexcadence.graphs import GraphCache, WarmSet
 from duplexcadence.payload import move_tail_
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import SessionStats
@@ -176,7 +176,7 @@ class CadenceBase(TokenSession):
             if not isinstance(getattr(self.specs.get(name), "policy", None), KeepAll):
                 self.arena.ensure(region.offset, region.nbytes)
         self.flow.attach()
-        warmed = model_state(self.t2w).setdefault("warmed", {}).setdefault(key, set())
+        warmed = model_state(self.t2w).setdefault("warmed", {}).setdefault(key, WarmSet())
         self.graphs = GraphCache(self.device, enabled=graphs, strict=strict, arena=self.arena, warmup=1, warmed=warmed,
                                  warm_key=lambda sig: sig.step, lock=model_lock(self.t2w), inline=self.inline)
 
@@ -194,8 +194,8 @@ class CadenceBase(TokenSession):
     def prepare(self, signatures=None) -> dict:
         """Capture graphs ahead of time (GraphCache.capture: recorded, not run) without changing state or clocks:
         `signatures` (from `signatures()` / `clocks()`), or None for `steady()` (the module docstrings say what
-        that is). A step family not yet warmed in this process (`graphs.warmed`) first runs once eagerly on the
-        session's state, which is put back afterwards. Returns the counters' change (zeros off CUDA). Raises
+        that is). A step family not yet warmed on this host thread (`graphs.needs_warmup`) first runs once eagerly
+        on the session's state, which is put back afterwards. Returns the counters' change (zeros off CUDA). Raises
         InputError for anything but Signatures of this session's steps."""
         self.check_open("prepare")
         sigs, graphs = self.steady() if signatures is None else clocks.check_signatures(signatures), self.graphs
@@ -207,7 +207,7 @@ class CadenceBase(TokenSession):
             for sig in sigs if graphs.enabled else ():
                 if sig in graphs.entries:
                     continue
-                if graphs.warm_key(sig) not in graphs.warmed:
+                if graphs.needs_warmup(sig):
                     with torch.inference_mode():
                         saved = {k: v.clone() for k, v in self.regions().items()}
                     try:

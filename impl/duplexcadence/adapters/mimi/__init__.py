@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from duplexcadence import rng, upstream
-from duplexcadence.adapters.mimi.cadence import CadenceSession
+from duplexcadence.adapters.mimi.cadence import OPTIONS as CADENCE_OPTIONS, CadenceSession
 from duplexcadence.adapters.mimi.schedule import N_Q
 from duplexcadence.adapters.mimi.stock import StockGraphsSession, StockSession
 
@@ -106,6 +106,13 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
 def state_manifest(model: nn.Module) -> dict:
     """{name: [shape]} of every state-dict entry: the checkpoint layout, in the manifest's format."""
     return {k: list(v.shape) for k, v in model.state_dict().items()}
+
+
+def session_options(model, mode: str) -> tuple:
+    """The options a session of `mode` takes (new_session's spec keys). Raises ValueError for an unknown mode."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    return (*CADENCE_OPTIONS, "arena_backend", "graphs") if mode == "cadence" else ()
 
 
 def new_session(model, mode: str, spec: dict | None = None):

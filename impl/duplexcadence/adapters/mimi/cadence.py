@@ -28,7 +28,7 @@ from duplexcadence.adapters.mimi.stock import CAPABILITIES, MimiSession, StreamS
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import Ring
 from duplexcadence.errors import InputError
-from duplexcadence.graphs import GraphCache
+from duplexcadence.graphs import GraphCache, WarmSet
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, SessionStats, host_waveform, unit_output
 
@@ -94,7 +94,7 @@ class CadenceSession(MimiSession):
             self._counted = [st for st in self.own.states.values() if hasattr(st, "offset_cpu")]
             self.graphs = GraphCache(self.device, arena=self.arena, enabled=spec.get("graphs"), warmup=1,
                                      inline=spec.get("capture") == "inline", lock=model_lock(model),
-                                     warmed=model_state(model).setdefault("mimi.warmed", set()))
+                                     warmed=model_state(model).setdefault("mimi.warmed", WarmSet()))
         self.clock = MimiClock(tuple(b.spec for b in self.bindings), self.graph_mode)
         self.units = 0
 
@@ -139,7 +139,7 @@ class CadenceSession(MimiSession):
     def prepare(self, signatures=None) -> dict:
         """Capture these signatures ahead (None: what every unit needs, units of `UNIT_SIZES` = 12 and 13
         frames: the one frame step, or both unit graphs), changing neither state nor clocks: a capture
-        records kernels without running them; a signature's first capture in the process follows one eager
+        records kernels without running them; a signature's first capture on a host thread follows one eager
         warm-up decode (zero codes), every region restored after it. Returns the counters' change. No-op on
         CPU. Raises InputError for a signature that is not a step of this session."""
         self.check_open("prepare")
