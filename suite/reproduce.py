@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
                            options={**protocol, "seconds": args.seconds, "max_speak_units": args.max_speak_units})
         patterns = [p.strip() for p in args.stages.split(",") if p.strip()] if args.stages else None
         chosen = plans.select(every, patterns) if patterns else [s for s in every if s.harness in DEFAULT_HARNESSES[kind]]
-        ckpts = plans.checkpoints(args.checkpoint, names)
+        ckpts = env.parse_checkpoints(args.checkpoint, names)
         if args.resume and not args.run_dir:
             raise ValueError("--resume needs --run-dir (the folder to continue)")
         for ref in args.compare or []:

@@ -40,15 +40,15 @@ def expected_sha256(folder: Path) -> str:
 
 
 def test_checkpoint_values_parse_and_bad_ones_are_named(ckpt, tmp_path):
-    assert plans.checkpoints(None, ["a", "b"]) == {}
-    assert plans.checkpoints([f"b={ckpt}"], ["a", "b"]) == {"b": str(ckpt.resolve())}
-    assert plans.checkpoints([str(ckpt)], ["a"]) == {"a": str(ckpt.resolve())}
+    assert env.parse_checkpoints(None, ["a", "b"]) == {}
+    assert env.parse_checkpoints([f"b={ckpt}"], ["a", "b"]) == {"b": str(ckpt.resolve())}
+    assert env.parse_checkpoints([str(ckpt)], ["a"]) == {"a": str(ckpt.resolve())}
     for values, names, what in (([str(ckpt)], ["a", "b"], "say which workload"),
                                 ([f"c={ckpt}"], ["a", "b"], "'c' is not in this run"),
                                 ([f"a={ckpt}", f"a={ckpt}"], ["a"], "named twice"),
                                 ([f"a={tmp_path / 'absent'}"], ["a"], "does not exist")):
         with pytest.raises(ValueError, match=what):
-            plans.checkpoints(values, names)
+            env.parse_checkpoints(values, names)
 
 
 def test_make_spec_takes_the_workload_s_checkpoint_from_the_environment(monkeypatch, ckpt):
@@ -107,3 +107,26 @@ def test_reproduce_checkpoint_reaches_the_spec_and_the_record(monkeypatch, ckpt,
     assert "checkpoint" not in record["parameters"]["spec"] and record["provenance"]["weights"].startswith(
         "seeded random (seed ")
     assert "checkpoint" not in json.loads((other / "stages.json").read_text())["options"]
+
+
+def test_duplex_checkpoint_reaches_the_build_and_the_record_and_a_bad_one_is_one_line(monkeypatch, ckpt, tmp_path,
+                                                                                     capsys):
+    adapter = fakes.register(monkeypatch)
+    registry = {"fake": fakes.workload(turns=2, speak_per_turn=2)}
+    monkeypatch.setattr(workloads, "get", registry.__getitem__)
+    monkeypatch.setattr(workloads, "names", lambda: list(registry))
+    out = tmp_path / "out"
+    base = ["--workload", "fake", "--device", "cpu", "--modes", "cadence", "--sessions", "1", "--seconds", "4",
+            "--reference-sessions", "0", "--quiet"]
+    duplex.main([*base, "--checkpoint", str(ckpt), "--out", str(out)])
+    assert adapter.builds and {b["spec"].get("checkpoint") for b in adapter.builds} == {str(ckpt.resolve())}
+    record = json.loads((out / "duplex.json").read_text())
+    assert record["provenance"]["weights"] == {"fake": f"checkpoint {ckpt.resolve()} sha256 {expected_sha256(ckpt)}"}
+    n = len(adapter.builds)
+    for value, what in ((f"other={ckpt}", "'other' is not in this run"), (str(tmp_path / "absent"), "does not exist")):
+        with pytest.raises(SystemExit) as exc:
+            duplex.main([*base, "--checkpoint", value, "--out", str(tmp_path / "refused")])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--checkpoint" in err and what in err
+    assert len(adapter.builds) == n and not (tmp_path / "refused").exists()     # refused before any build

@@ -1,7 +1,7 @@
 """The live duplex path: SPEAK time against the one-second cadence, and sessions per GPU by a search.
 
     python -m suite.measure.duplex --workload minicpmo45 --device cuda --modes cadence --policy threads \
-        --start 24 --budget-s 240 [--seconds 60] [--prepare oracle] --out DIR
+        --start 24 --budget-s 240 [--seconds 60] [--prepare oracle] [--checkpoint [WORKLOAD=]PATH] --out DIR
 
 Per workload and mode, a search (suite.measure.search) finds the largest session count N with zero missed
 units over `--seconds` (60) of every session's own script: from `--start` it grows by `--grow` while runs are
@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -269,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     check_args(args)
+    if args.checkpoints:                   # what make_spec reads; it names the weights in the record's provenance
+        os.environ[env.CHECKPOINT_ENV] = json.dumps(args.checkpoints, sort_keys=True)
     record = run(args, ["python", "-m", "suite.measure.duplex", *argv])
     return 0 if record["verdict"] == "VALID" else EXIT_INVALID
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import workloads
-from suite.measure import scheduler
+from suite.measure import env, scheduler
 from suite.measure.ar_stage import ARSpecError, parse_ar
 from suite.measure.duplex_run import TRAFFICS
 from suite.measure.duplex_session import PREPARES, parse_sessions, session_units
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=number(int, 1, strict=False), default=None, help="override the workload's Euler steps")
     p.add_argument("--budget-mib", type=number(float, 0, strict=False), default=None,
                    help="memory for sessions (default: 90%% of free device memory with the model built; none on CPU)")
+    p.add_argument("--checkpoint", action="append", default=None, metavar="[WORKLOAD=]PATH",
+                   help="build WORKLOAD from the checkpoint at PATH (its released layout, docs/weights.md; repeatable; "
+                        "PATH alone with one workload); default: seeded random weights")
     p.add_argument("--out", required=True)
     p.add_argument("--quiet", dest="progress", action="store_false")
     return p
@@ -114,7 +117,8 @@ def counts_of(args) -> dict | None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Every flag's value, before any model is built. Raises SystemExit (status 2) naming the flag."""
+    """Every flag's value, before any model is built. Raises SystemExit (status 2) naming the flag. Sets
+    args.checkpoints: {workload: absolute path} from --checkpoint ({} without it)."""
     for m in args.modes:
         if m not in MODES:
             raise usage_error(f"--modes: expected a subset of {MODES}, got {m!r}")
@@ -140,6 +144,10 @@ def check_args(args: argparse.Namespace) -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise usage_error(f"--device: {args.device!r} given, but there is no CUDA device here "
                           "(torch.cuda.is_available() is False)")
+    try:
+        args.checkpoints = env.parse_checkpoints(args.checkpoint, names_of(args.workload))
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
     try:
         if args.sessions:
             parse_sessions(args.sessions)

@@ -127,8 +127,8 @@ def device_info(device: str | torch.device = "cpu") -> dict:
 
 
 #: The checkpoints a process builds its workloads from: JSON {workload: path}, read by `checkpoints()`.
-#: `suite.reproduce --checkpoint` sets it for its stage processes; set it by hand for a harness run alone
-#: (suite.measure.duplex, suite.measure.stage). Unset: every workload has seeded random weights.
+#: `suite.reproduce --checkpoint` sets it for its stage processes and `suite.measure.duplex --checkpoint` for
+#: itself (both parsed by `parse_checkpoints()`); set it by hand for another harness run alone (suite.measure.stage). Unset: every workload has seeded random weights.
 CHECKPOINT_ENV = "DUPLEXCADENCE_CHECKPOINTS"
 
 
@@ -143,6 +143,27 @@ def checkpoints() -> dict[str, str]:
     if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
         raise ValueError(f"{CHECKPOINT_ENV}: expected a JSON object {{workload: path}}, got {text!r}")
     return found
+
+
+def parse_checkpoints(values: list[str] | None, workload_names: list[str]) -> dict[str, str]:
+    """`--checkpoint` values, each "WORKLOAD=PATH" (or PATH alone when the run has one workload), as {workload:
+    absolute path}. Raises ValueError naming a value without a workload, a workload not in the run (or named
+    twice), a path that does not exist."""
+    out = {}
+    for value in values or []:
+        name, sep, path = value.partition("=")
+        if not sep:
+            if len(workload_names) != 1:
+                raise ValueError(f"--checkpoint {value}: say which workload (WORKLOAD=PATH); this run has "
+                                 f"{workload_names}")
+            name, path = workload_names[0], value
+        if name not in workload_names or name in out:
+            raise ValueError(f"--checkpoint {value}: {name!r} is {'named twice' if name in out else 'not in this run'}"
+                             f" (workloads: {workload_names})")
+        if not Path(path).exists():
+            raise ValueError(f"--checkpoint {value}: {path} does not exist")
+        out[name] = str(Path(path).resolve())
+    return out
 
 
 @functools.lru_cache(maxsize=None)

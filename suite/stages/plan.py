@@ -8,8 +8,8 @@ the largest session count with zero misses from DUPLEX_SESSIONS' start counts, 6
 script per count, within the stage's budget less DUPLEX_MARGIN_S), `duplex_oracle` (cadence with `--prepare
 oracle`; no default plan has it). A stage that cannot run here is skipped with its reason, checked again every
 sitting. A verify stage's expected time comes from VERIFY_COST_S and its protocol (`verify_estimate_s`).
-`checkpoints()` reads `--checkpoint`: a workload built from real weights (options "checkpoint"; its stage
-processes find it in their environment, suite.measure.env.CHECKPOINT_ENV, where the spec is made).
+A workload built from real weights (`--checkpoint`, parsed by suite.measure.env.parse_checkpoints) is the run's
+option "checkpoint"; its stage processes find it in their environment (env.CHECKPOINT_ENV) where the spec is made.
 """
 from __future__ import annotations
 
@@ -157,27 +157,6 @@ def verify_estimate_s(workload, device_type: str, options: dict) -> float | None
     profiled = min(p.profiled_speak_units, speak) * (pair * (PROFILED_UNIT_X - 1) + PROFILED_UNIT_S)
     set_up = cost["set_up"] * (SET_UP_CONTENTION if p.processes > 1 else 1.0)
     return set_up + p.processes * per_process + profiled + VERIFY_FIXED_S
-
-
-def checkpoints(values: list[str] | None, workload_names: list[str]) -> dict[str, str]:
-    """`--checkpoint` values, each "WORKLOAD=PATH" (or PATH alone when the run has one workload), as {workload:
-    absolute path}. Raises ValueError naming a value without a workload, a workload not in the run (or named
-    twice), a path that does not exist."""
-    out = {}
-    for value in values or []:
-        name, sep, path = value.partition("=")
-        if not sep:
-            if len(workload_names) != 1:
-                raise ValueError(f"--checkpoint {value}: say which workload (WORKLOAD=PATH); this run has "
-                                 f"{workload_names}")
-            name, path = workload_names[0], value
-        if name not in workload_names or name in out:
-            raise ValueError(f"--checkpoint {value}: {name!r} is {'named twice' if name in out else 'not in this run'}"
-                             f" (workloads: {workload_names})")
-        if not Path(path).exists():
-            raise ValueError(f"--checkpoint {value}: {path} does not exist")
-        out[name] = str(Path(path).resolve())
-    return out
 
 
 def select(stages: list[Stage], patterns: list[str] | None) -> list[Stage]:
