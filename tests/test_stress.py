@@ -18,6 +18,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import fakes  # noqa: E402  (tests/ is on sys.path under pytest)
 from torch_threads import torch_threads  # noqa: E402
+from duplexcadence import vmm  # noqa: E402
 from duplexcadence.errors import ConcurrencyError  # noqa: E402
 from duplexcadence.session import UnitOutput, to_pcm16  # noqa: E402
 from suite.measure import stress, trend  # noqa: E402
@@ -52,7 +53,8 @@ def test_mixed_real_sessions_on_threads_equal_each_alone(real_targets):
     spoke = {k for k, v in rec["by_kind"].items() if v["units"]}
     assert {"moshi/stock", "minicpmo45/stock", "qwen3_omni/cadence", "minicpmo45/cadence"} <= spoke, rec["by_kind"]
     assert s["opened"] - 4 <= s["cycles"] <= s["opened"] and s["closed_mid_turn"] >= 1    # closes at load
-    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0, "cuda_graphs_alive_after": 0}
+    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0, "cuda_graphs_alive_after": 0,
+                             "vmm_mapped_mib_after": 0}
     for r in rec["sessions"]:
         ref = rec["references"].get(f"{r['workload']}/{r['mode']}/{r['script']}")
         assert r["spoken_units"] == 0 or ref["units"] >= r["spoken_units"]
@@ -192,6 +194,35 @@ def test_graphs_a_closed_session_leaves_alive_are_counted(monkeypatch):
     GRAPHS_KEPT.clear()
 
 
+class FakeReservation:
+    """Stands for duplexcadence.vmm.Reservation: 2 MiB mapped until closed."""
+
+    def __init__(self):
+        self.mapped_bytes = 2 << 20
+
+
+RESERVATIONS_KEPT: list = []
+
+
+class LeavesItsArenaMapped(fakes.FakeSession):
+    def close(self):
+        if not self.closed:
+            RESERVATIONS_KEPT.append(FakeReservation())
+        super().close()
+
+
+def test_memory_a_closed_session_leaves_mapped_in_vmm_ranges_is_counted(monkeypatch):
+    monkeypatch.setattr(vmm, "Reservation", FakeReservation)
+    clean = quick([fake_target("plain")])
+    assert clean["checks"]["vmm_mapped_mib_after"] == 0
+    RESERVATIONS_KEPT.clear()
+    rec = quick([fake_target("leaks", adapter=adapter_of(LeavesItsArenaMapped))])
+    opened = sum(k["opened"] for k in rec["by_kind"].values())
+    assert opened > 0 and rec["checks"]["vmm_mapped_mib_after"] == 2 * opened
+    assert "vmm mapped mib after" in stress.table({**rec, "verdict": "X"})
+    RESERVATIONS_KEPT.clear()
+
+
 def test_a_session_refused_at_open_waits_for_a_close_and_opens_then():
     """Every thread wants a stock session of a model that allows one at a time (ConcurrencyError at open)."""
     rec = quick([fake_target("exclusive", {"exclusive": True})], modes=("stock",))
@@ -282,4 +313,5 @@ def test_cuda_mixed_sessions_on_threads_equal_each_alone():
                             progress=False)
     assert rec["exceptions"] == [] and rec["summary"]["differing_units"] == 0, rec["exceptions"][:2]
     assert rec["summary"]["units_compared"] == rec["summary"]["units"] > 0
-    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0, "cuda_graphs_alive_after": 0}
+    assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0, "cuda_graphs_alive_after": 0,
+                             "vmm_mapped_mib_after": 0}

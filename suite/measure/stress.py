@@ -28,7 +28,8 @@ fit a time limit leaves them that: they grow with the (workload, mode, script) c
 short table is printed last. Exit status 0 only
 with zero differing units, zero exceptions, flat memory and nothing left in force (bind patches, leased
 capture streams); EXIT_INVALID (1) otherwise; 2 for bad arguments. The CUDA graphs still alive once every
-session closed are counted (checks.cuda_graphs_alive_after), not judged.
+session closed are counted (checks.cuda_graphs_alive_after), and so is the physical memory still mapped in
+arenas' CUDA virtual ranges (checks.vmm_mapped_mib_after); neither is judged.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ import torch
 from tabulate import tabulate
 
 import workloads
-from duplexcadence import bind, gate, graphs, runtime
+from duplexcadence import bind, gate, graphs, runtime, vmm
 from suite.measure import env, trend
 from suite.measure.session import make_spec
 from suite.measure.stress_session import HANG_S, COLUMNS, Stress, Target, by_kind, compare, references
@@ -95,7 +96,7 @@ def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_u
         gate.synchronize(stress.device)
     facts.update(end=stress.sampler.now(), in_stress=len(stress.exceptions),
                  checks={"bind_patches_live_after": bind.live(), "streams_leased_after": graphs.STREAMS.leased(),
-                         "cuda_graphs_alive_after": alive(torch.cuda.CUDAGraph)})
+                         "cuda_graphs_alive_after": alive(torch.cuda.CUDAGraph), "vmm_mapped_mib_after": vmm_mapped_mib()})
     params = {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads, "seconds": seconds,
               "seed": seed, "max_units": max_units, "window": window, "hang_s": hang_s, "reference": reference,
               "device": str(device), "specs": {t.name: t.spec for t in targets},
@@ -119,6 +120,15 @@ def alive(kind: type) -> int:
     judged: the memory rule judges what they cost."""
     gc.collect()
     return sum(1 for o in gc.get_objects() if isinstance(o, kind))
+
+
+def vmm_mapped_mib() -> float:
+    """MiB of physical memory still mapped in CUDA virtual ranges (duplexcadence.vmm.Reservation, the arenas'
+    vmm backend) that the cycle collector reaches, after a collection: a closed session's arena that was never
+    closed holds its granules at the driver, outside torch's allocator. Recorded, not judged: the memory rule
+    judges what they cost."""
+    gc.collect()
+    return sum(o.mapped_bytes for o in gc.get_objects() if isinstance(o, vmm.Reservation)) / 2 ** 20
 
 
 def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
