@@ -18,6 +18,7 @@ from suite import records
 from suite.measure import ar_stage, duplex, duplex_run, duplex_session, scheduler
 from suite.measure.duplex_run import Traffic
 from suite.measure.scheduler import AdmissionError
+from suite.report import figures
 from test_duplex import FakeClock
 
 SHORT = Traffic(seconds=6.0, seed=4, join_within_s=1.0)   # sessions 0-2 of seed 4 speak in their first seconds
@@ -329,6 +330,8 @@ def test_cli_end_to_end_writes_a_compact_record(tmp_path, fake, monkeypatch, cap
     p = rec["parameters"]
     assert p["traffic"] == "voxconverse" and p["seed"] == 4 and p["search"]["start"] == {"stock": 1, "cadence": 1}
     assert sorted(x.name for x in out.iterdir()) == ["duplex.json"]       # plots are the report's
+    entry = {"state": {"status": "done"}, "duplex": {"record": records.read_duplex(out / "duplex.json"), "file": "d"}}
+    assert figures.duplex_figures({"duplex_cadence": entry}, "fake")["modes"]["cadence"]["unseen"] is True
     printed = capsys.readouterr().out
     assert "fake cadence: max sessions with zero misses = 2 (bracket 2..None, not exact)" in printed
 

@@ -748,7 +748,7 @@ def test_an_oracle_figure_is_labelled_and_shown_beside_the_real_one(tmp_path):
     oracle["workloads"]["w"]["modes"]["cadence"]["prepare"] = "oracle"
     oracle["workloads"]["w"]["modes"]["cadence"]["runs"][1]["sessions"] = 30
     unseen = duplex_part("w", "cadence")
-    unseen["parameters"]["scripts"] = records.UNSEEN_SCRIPTS
+    unseen["parameters"]["traffic"] = records.UNSEEN_TRAFFIC
     e = done_duplex_stages(tmp_path / "new", {"duplex_stock": duplex_part("w", "stock"), "duplex_cadence": unseen,
                                               "duplex_oracle": oracle})
     row = claims.sessions("w", e)
@@ -756,6 +756,18 @@ def test_an_oracle_figure_is_labelled_and_shown_beside_the_real_one(tmp_path):
     data = {"workloads": {"w": e}, "state": {}}
     line = row_of("\n".join(document.sessions_section(data, [], "")), "", "w")
     assert "| >= 3 | >= 25 | — | unseen scripts | >= 30 |" in line
+
+
+def test_a_search_without_a_clean_count_is_an_upper_bound_and_below_the_target_not_met(tmp_path):
+    cadence = duplex_part("minicpmo45", "cadence")
+    cadence["parameters"]["traffic"] = records.UNSEEN_TRAFFIC
+    m = cadence["workloads"]["minicpmo45"]["modes"]["cadence"]
+    m["runs"], m["max_zero_miss_sessions"] = [{"sessions": 24, "metrics": {"misses": 641, "units_run": 812}}], None
+    row = claims.sessions("minicpmo45", done_duplex_stages(tmp_path, {"duplex_cadence": cadence}))
+    assert (row.ours, row.ours_text, row.verdict) == (None, "<= 23 (24 missed 641/812)", "not met")
+    m["runs"][0]["sessions"] = 30                    # at most 29: the target (24) is inside the bracket
+    row = claims.sessions("minicpmo45", done_duplex_stages(tmp_path / "b", {"duplex_cadence": cadence}))
+    assert (row.ours_text, row.verdict) == ("<= 29 (30 missed 641/812)", "open")
 
 
 def _mode_runs(best, counts_misses) -> dict:
@@ -777,6 +789,8 @@ def _mode_runs(best, counts_misses) -> dict:
     pytest.param((4, [(1, 0), (4, 0)]), (32, [(1, 0), (32, 0)]), (">= 4", ">= 32"), "—", id="two-lower-bounds"),
     pytest.param((None, [(1, 3)]), (4, [(1, 0), (4, 0), (8, "refused")]),
                  ("0 (1 missed 3/60)", "4-7 (8 refused)"), "—", id="zero-and-refused"),
+    pytest.param((2, [(1, 0), (2, 0), (3, 6)]), (None, [(24, 641)]),
+                 ("2 (3 missed 6/180)", "<= 23 (24 missed 641/1440)"), "<= 11.5x", id="no-clean-count"),
 ])
 def test_sessions_per_gpu_shows_the_bracket_the_counts_tried_put_on_each_limit(tmp_path, stock, cadence, cells, ratio):
     legacy = {"schema": "duplexcadence.duplex/1", "parameters": {"seconds": 60}, "verdict": "VALID",
@@ -1095,3 +1109,11 @@ def test_the_bytes_against_a_reference_are_compared_unit_by_unit():
                     "OMP_NUM_THREADS 1, the reference's torch threads 16, OMP_NUM_THREADS unset")
     assert runs.same_bytes(rec(["a", "x"]), first).startswith("**other bytes**: stock 1/2, cadence 1/2 units equal")
     assert runs.same_bytes(None, first).startswith("not compared")
+
+
+def test_a_run_of_duplex_stages_only_states_their_gpu_and_commit(tmp_path):
+    rec = duplex_part("w", "cadence", gpu="NVIDIA H200")
+    rec["provenance"].update(git_rev="6b815058e911aa", impl_tree="305010d4b496bb", date_utc="2026-12-02T02:05:55")
+    done_duplex_stages(tmp_path, {"duplex_cadence": rec})
+    lines = runs.provenance_list(figures.load(tmp_path))
+    assert "- GPU: NVIDIA H200" in lines and "- commit: 6b815058e911" in lines and "- impl/ tree: 305010d4b496" in lines

@@ -29,11 +29,11 @@ from suite.measure.duplex_session import (PERIOD_S, Driver, PoolEntry, Progress,
 from suite.measure.memory import MemoryProbe, release_cached
 from suite.measure.session import open_session
 from suite.measure.slack import SlackCapture
-from suite.records import jsonable
+from suite.records import UNSEEN_TRAFFIC, jsonable
 from workloads import traffic as traffic_mod
 from workloads.common import FORMATS
 
-TRAFFICS = ("voxconverse", "committed")
+TRAFFICS = (UNSEEN_TRAFFIC, "committed")
 CADENCE_COUNTERS = ("captures", "replays", "eager_runs", "eager_fallbacks", "warmup_runs", "capture_failures")
 
 

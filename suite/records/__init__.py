@@ -47,9 +47,9 @@ PUBLISHED = {"speedup_x": 2.85, "peak_memory_change_pct": -38.8,
              "speak_vs_period_pct_stock": 14.0, "speak_vs_period_pct_cadence": -2.0}
 PUBLISHED_MODEL = "MiniCPM-o 4.5"
 PUBLISHED_STEPS = 10
-#: A duplex record whose parameters.scripts is this ran every session on a script of its own, unseen before
+#: A duplex record whose parameters.traffic is this ran every session on a script of its own, unseen before
 #: its units arrived (workloads.traffic); any other record played one shared script.
-UNSEEN_SCRIPTS = "traffic"
+UNSEEN_TRAFFIC = "voxconverse"
 
 # --- run records ---------------------------------------------------------------------------------------
 @dataclass

@@ -184,16 +184,18 @@ def speak_time(name: str, e: dict) -> Claim:
 
 
 def limit_text(fig: dict | None) -> str:
-    """'2 (3 missed 12/180)', '1-25 (26 missed 46/1066)', '>= 32' (no count tried missed)."""
+    """'2 (3 missed 12/180)', '1-25 (26 missed 46/1066)', '>= 32' (no count tried missed), '<= 4 (5 missed
+    10/174)' (no count tried was clean)."""
     lo, hi = session_limit(fig)
-    if lo is None:
-        return DASH
     first = (fig or {}).get("first_missed")
+    if lo is None and not first:
+        return DASH
     if not first:
         return f">= {lo}"
     miss = (f"{first['sessions']} refused" if first.get("refused") else
             f"{first['sessions']} missed {first['misses']}/{first['units'] if first['units'] is not None else '?'}")
-    return (f"{lo}" if hi == lo else f"{lo}-{hi}") + f" ({miss})"
+    bound = f"<= {hi}" if lo is None else f"{lo}" if hi == lo else f"{lo}-{hi}"
+    return f"{bound} ({miss})"
 
 
 def ratio_bounds(stock: dict | None, cadence: dict | None) -> tuple[float | None, float | None]:
@@ -202,9 +204,9 @@ def ratio_bounds(stock: dict | None, cadence: dict | None) -> tuple[float | None
     if stock and cadence and stock.get("gpu") and cadence.get("gpu") and stock["gpu"] != cadence["gpu"]:
         return None, None
     (s_lo, s_hi), (c_lo, c_hi) = session_limit(stock), session_limit(cadence)
-    if not s_lo or c_lo is None:
+    if not s_lo or (c_lo is None and c_hi is None):
         return None, None
-    low = math.floor(10 * c_lo / s_hi + 1e-9) / 10 if s_hi else None
+    low = math.floor(10 * c_lo / s_hi + 1e-9) / 10 if s_hi and c_lo is not None else None
     high = math.ceil(10 * c_hi / s_lo - 1e-9) / 10 if c_hi is not None else None
     return low, high
 
@@ -242,10 +244,12 @@ def sessions(name: str, e: dict) -> Claim:
     row.ours, row.ci_low, row.ci_high, row.ours_text = lo, lo, hi, limit_text(fc)
     if need is None:
         return row
-    verdicts = [above(lo, lo, math.inf if hi is None else hi, need)]
+    verdicts = ["not met" if hi is not None and hi < need else "open"] if lo is None else [  # lo None: <= hi
+        above(lo, lo, math.inf if hi is None else hi, need)]
     if ratio:
         r_lo, r_hi = ratio_bounds(fs, fc)
-        verdicts.append("open" if r_lo is None else above(r_lo, r_lo, math.inf if r_hi is None else r_hi, ratio))
+        verdicts.append(("not met" if r_hi is not None and r_hi < ratio else "open") if r_lo is None else
+                        above(r_lo, r_lo, math.inf if r_hi is None else r_hi, ratio))
         row.note = f"cadence / stock {ratio_text(r_lo, r_hi)}"
     row.verdict = "not met" if "not met" in verdicts else "met" if all(v == "met" for v in verdicts) else "open"
     return row

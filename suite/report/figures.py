@@ -14,7 +14,7 @@ import numpy as np
 
 from suite.records import (DUPLEX_READ_SCHEMAS, DUPLEX_STAGES, family, headline, invalid_codes,
                            max_zero_miss, overlapping, read_dropins, read_json, read_stages, record_reasons,
-                           unpack_units, UNSEEN_SCRIPTS, verify_protocol)
+                           unpack_units, UNSEEN_TRAFFIC, verify_protocol)
 
 PER_MODE = "one process per mode"
 BOTH_MODES = "one process, both modes (verify)"
@@ -170,7 +170,7 @@ def duplex_figures(entries: dict, workload: str | None = None, harnesses=("duple
     """A workload's duplex figures from the records of these duplex stages (`load`: done, or a failed stage's
     checkpoint), joined by `combine`, or a legacy both-mode `duplex` stage's record when none is there. None
     without a record. Returns {"modes": {mode: `mode_figures` + "gpu" + "unseen" (every session on a script of
-    its own: suite.records.UNSEEN_SCRIPTS)}, "files", "cadence_equals_stock"
+    its own: parameters.traffic is suite.records.UNSEEN_TRAFFIC)}, "files", "cadence_equals_stock"
     (None unless both modes), "error", "marks": mode -> what a reader must know of its record (`duplex_mark`)}."""
     parts, marks = [], {}
     for h in harnesses:
@@ -190,15 +190,15 @@ def duplex_figures(entries: dict, workload: str | None = None, harnesses=("duple
         return {"modes": {}, "files": files, "cadence_equals_stock": None,
                 "error": f"the duplex records cannot be joined: {exc}", "marks": marks}
     w = record["workloads"].get(workload) or next(iter(record["workloads"].values()))
-    gpus, scripts = {}, {}
+    gpus, traffic = {}, {}
     for p in parts:
         pw = p["record"]["workloads"]
         for m in (pw.get(workload) or next(iter(pw.values()))).get("modes", {}):
             gpus[m] = gpu_name(p["record"])
-            scripts[m] = (p["record"].get("parameters") or {}).get("scripts")
+            traffic[m] = (p["record"].get("parameters") or {}).get("traffic")
     seconds = record.get("parameters", {}).get("seconds")
     modes = {mode: {**mode_figures(m, seconds, w.get("ar")), "gpu": gpus.get(mode),
-                    "unseen": scripts.get(mode) == UNSEEN_SCRIPTS}
+                    "unseen": traffic.get(mode) == UNSEEN_TRAFFIC}
              for mode, m in w.get("modes", {}).items()}
     return {"modes": modes, "files": files, "cadence_equals_stock": w.get("cadence_equals_stock"), "error": None,
             "marks": marks}

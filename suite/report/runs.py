@@ -112,7 +112,9 @@ def same_bytes(ours: dict | None, ref: dict | None) -> str:
 
 
 def records(data: dict) -> list[dict]:
-    return [h["record"] for e in data["workloads"].values() for h in e.values() if h.get("record")]
+    """Every stage record of the run: a timed stage's run.json, a duplex stage's duplex.json."""
+    return [r for e in data["workloads"].values() for h in e.values()
+            if (r := h.get("record") or (h.get("duplex") or {}).get("record"))]
 
 
 def gpu_coverage(data: dict, results_root: Path | None = None) -> str:
