@@ -33,3 +33,10 @@ def test_walk_counts_each_signature_once_opens_each_turn_and_leaves_the_clocks_a
     sigs = graph_set.walk(clocks, units)
     assert sigs == [("step", 1, 25, False), ("step", 1, 3, True), ("step", 2, 25, False), ("step", 2, 2, False)]
     assert clocks.turns == 0 and clocks.copies == 1
+
+
+def test_a_unit_runs_eagerly_when_one_of_its_signatures_was_never_captured_and_is_captured_after_it():
+    script = [("a",), ("a", "b"), ("b",), ("c",), ("c", "a")]
+    assert graph_set.eager_units(script, {"a"}) == (2, 3)          # the units that first meet b, then c
+    assert graph_set.eager_units(script, set()) == (3, 3)
+    assert graph_set.eager_units(script, {"a", "b", "c", "d"}) == (0, 4)
