@@ -405,3 +405,60 @@ def test_cuda_sessions_on_streams_give_the_bytes_of_each_session_alone(fake, pol
                                   progress=False)
     assert duplex_session.check_bytes(run, refs, [p.key for p in plans])["mismatches"] == []
     assert all(u["device_ms"] is not None for u in run["units"] if u["start_ms"] is not None)
+
+
+# --- prepare learned:K ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how, k", [("voice", None), ("oracle", None), ("learned:12", 12), ("learned:1", 1)])
+def test_learned_graphs_reads_k_from_the_prepare_option(how, k):
+    assert duplex_session.learned_graphs(how) == k
+
+
+@pytest.mark.parametrize("how", ["learned:0", "learned:", "learned:x", "learned", "rehearse", "learned:-2"])
+def test_a_bad_prepare_option_is_refused_naming_it(how):
+    with pytest.raises(ValueError, match=f"prepare: expected one of .* got {how!r}"):
+        duplex_session.learned_graphs(how)
+
+
+def test_learned_signatures_rank_what_most_learn_scripts_meet_and_read_no_serve_recording(fake, monkeypatch):
+    wl = fakes.workload()
+    read = []
+    real = duplex_run.traffic_mod.session_script
+    monkeypatch.setattr(duplex_run.traffic_mod, "session_script",
+                        lambda arch, w, seed: read.append(w.recording) or real(arch, w, seed))
+    session = fake.new_session(_model(fake, **wl.spec), "cadence", wl.spec)
+    duplex_run._LEARNED.clear()
+    sigs = duplex_run.learned_signatures(wl, session, 3)
+    learn, serve = workloads.traffic.split()
+    assert read and set(read) <= set(learn) and not set(read) & set(serve)
+    assert len(sigs) == 3 and len(set(sigs)) == 3
+    walked = [duplex_session.oracle_signatures(session, duplex_session.traffic_units(real("flow_hift", w, 0), 60.0))
+              for w in workloads.traffic.windows(60) if w.recording in learn]
+    counts = sorted((sum(s in w for w in walked) for s in {s for w in walked for s in w}), reverse=True)
+    assert [sum(s in w for w in walked) for s in sigs] == counts[:3]          # the three most common, in order
+    assert duplex_run.learned_signatures(wl, session, 3) == sigs and len(read) == len(walked)   # cached
+
+
+def test_cli_learned_prepare_runs_sessions_on_the_serve_recordings_with_the_learned_graphs(tmp_path, fake, monkeypatch):
+    wl = fakes.workload()
+    monkeypatch.setattr(workloads, "get", lambda name: wl)
+    monkeypatch.setattr(workloads, "names", lambda: ["fake"])
+    monkeypatch.setattr(scheduler, "MonotonicClock", FakeClock)
+    out = tmp_path / "out"
+    duplex.main(["--workload", "fake", "--device", "cpu", "--ar", "none", "--modes", "cadence", "--sessions", "3",
+                 "--seconds", "4", "--prepare", "learned:2", "--out", str(out)])
+    rec = json.loads((out / "duplex.json").read_text())
+    assert rec["parameters"]["prepare"] == "learned:2" and rec["parameters"]["recordings"] == "serve"
+    run = rec["workloads"]["fake"]["modes"]["cadence"]["runs"][0]
+    serve = workloads.traffic.split()[1]
+    assert all(a["window"].split(":", 1)[1].split("/")[0] in serve for a in run["admission"])
+    assert all(a["prepared"]["learned"] is not None for a in run["admission"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--prepare", "learned:0"], "--prepare"),
+    (["--prepare", "learned:4", "--traffic", "committed", "--sessions", "1"], "--prepare learned:4: learns from"),
+])
+def test_cli_refuses_a_learned_prepare_it_cannot_run(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exc:
+        duplex.main(["--workload", "minicpmo45", "--device", "cpu", *flags, "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -101,3 +101,19 @@ def test_every_flow_hift_script_is_one_step_audio_2s_clocks_accept(units):
                 refused.append((w.name, u.index, f"{type(exc).__name__}: {exc}"))
                 break
     assert refused == []
+
+
+def test_the_split_deals_the_recordings_alternately_into_two_disjoint_halves():
+    learn, serve = traffic.split()
+    names = traffic.recordings()
+    assert len(names) == 27 and (len(learn), len(serve)) == (14, 13)
+    assert not set(learn) & set(serve) and sorted(learn + serve) == names
+    assert (learn[0], serve[0], learn[1]) == tuple(names[:3])
+
+
+def test_traffic_drawn_from_some_recordings_has_windows_of_those_only():
+    serve = traffic.split()[1]
+    arrivals = traffic.traffic("flow_hift", 40, seed=3, recordings_in=serve)
+    assert {a.window.recording for a in arrivals} <= set(serve) and len({a.window for a in arrivals}) == 40
+    with pytest.raises(ValueError, match="recordings_in: no 60-unit window in"):
+        traffic.traffic("flow_hift", 2, recordings_in=("not-a-recording",))

@@ -13,8 +13,9 @@ sessions could share).
 
 `--coverage`: how many units a session would run eagerly (a unit with a signature its session has no graph
 for yet; captured after it, as the duplex harness's slack does) when each session first captures the K
-signatures most frequent in the scripts of the OTHER recordings (leave one recording out: nothing of a
-session's own recording is used), for each K; K = 0 captures nothing ahead. Per K: the share of units with
+signatures that the most scripts of the learn recordings meet (workloads.traffic.split; the ranking of
+`suite.measure.duplex --prepare learned:K`), counted over the scripts of the serve recordings only, for each
+K; K = 0 captures nothing ahead. Per K: the share of units with
 work that run eagerly (all sessions together, and the median and p90 per session) and the graphs a session
 holds at its end (median, max). Flow-matching workloads also get the row of `prepare(None)` (the steady
 signatures of a full-unit turn).
@@ -78,19 +79,23 @@ def coverage(name: str, units: int, budgets: list[int]) -> dict:
         except Exception:  # noqa: BLE001  (refused scripts are reported by workload_set)
             continue
         by_rec.setdefault(w.recording, []).append(script)
-    freq = {r: Counter(sig for sc in scripts for sigs in sc for sig in sigs) for r, scripts in by_rec.items()}
-    total = sum(freq.values(), Counter())
-    plans = {f"top {k}": (lambda rec, k=k: {s for s, _ in (total - freq[rec]).most_common(k)}) for k in budgets}
+    learn, serve = traffic.split()
+    count, first = Counter(), {}
+    for rec in learn:
+        for sc in by_rec.get(rec, []):
+            for sig in dict.fromkeys(s for sigs in sc for s in sigs):     # once per script
+                count[sig] += 1
+                first.setdefault(sig, len(first))
+    ranked = sorted(count, key=lambda sig: (-count[sig], first[sig]))
+    plans = {f"top {k}": set(ranked[:k]) for k in budgets}
     if wl.architecture == "flow_hift":
         from duplexcadence.adapters.flow_hift.plan import steady_signatures
-        steady = set(steady_signatures(clocks))
-        plans["prepare(None)"] = lambda rec: steady
+        plans["prepare(None)"] = set(steady_signatures(clocks))
     rows = {}
-    for label, prepared_for in plans.items():
+    for label, prepared in plans.items():
         eager, work, shares, held = 0, 0, [], []
-        for rec, scripts in by_rec.items():
-            prepared = prepared_for(rec)
-            for sc in scripts:
+        for rec in serve:
+            for sc in by_rec.get(rec, []):
                 e, g = eager_units(sc, prepared)
                 eager, work = eager + e, work + len(sc)
                 shares.append(e / max(len(sc), 1))
@@ -99,7 +104,8 @@ def coverage(name: str, units: int, budgets: list[int]) -> dict:
                        "eager_share_per_session_p90": float(np.percentile(shares, 90)),
                        "graphs_per_session_median": float(np.median(held)), "graphs_per_session_max": max(held),
                        "units_with_work": work}
-    return {"workload": name, "units": units, "recordings": len(by_rec), "rows": rows}
+    return {"workload": name, "units": units, "learn": list(learn), "serve": list(serve),
+            "learned_signatures": len(ranked), "rows": rows}
 
 
 def open_clocks(name: str):

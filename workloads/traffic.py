@@ -56,6 +56,14 @@ def recordings() -> list[str]:
     return sorted({r["recording_id"] for r in make_sessions.timing_rows()})
 
 
+def split() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(learn, serve): the recordings in name order dealt alternately, the first to `learn`. A harness that
+    learns what to capture from traffic learns it on `learn` and runs its sessions on `serve` only, so no
+    session's recording was seen before its units arrive."""
+    names = recordings()
+    return tuple(names[0::2]), tuple(names[1::2])
+
+
 def speech_ms(recording: str, speaker: str, start_ms: int, units: int) -> list[int]:
     """make_sessions.speech_ms (ms of `speaker`'s speech in each one-second unit from `start_ms`), the same
     ints from the segments that overlap each unit only (bisect), so scanning every window stays fast."""
@@ -109,16 +117,18 @@ def session_script(architecture: str, window: Window, seed: int) -> SessionScrip
 
 
 def traffic(architecture: str, sessions: int, *, units: int = 60, seed: int = 0,
-            join_within_s: float = 30.0) -> list[Arrival]:
-    """`sessions` arrivals: session i gets the i-th window of a seeded shuffle of `windows(units)` (cycling
-    when there are fewer windows than sessions) with payload seed `seed * 1000 + i`, and joins at a seeded
-    time in [0, join_within_s) (session 0 at 0). Sorted by session number. Raises ValueError for
-    sessions < 1 or a negative join_within_s."""
+            join_within_s: float = 30.0, recordings_in: tuple[str, ...] | None = None) -> list[Arrival]:
+    """`sessions` arrivals: session i gets the i-th window of a seeded shuffle of `windows(units)` (only those
+    of `recordings_in` when given; cycling when there are fewer windows than sessions) with payload seed
+    `seed * 1000 + i`, and joins at a seeded time in [0, join_within_s) (session 0 at 0). Sorted by session
+    number. Raises ValueError for sessions < 1, a negative join_within_s, or recordings_in with no window."""
     if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
         raise ValueError(f"sessions: expected an int >= 1, got {sessions!r}")
     if not isinstance(join_within_s, (int, float)) or isinstance(join_within_s, bool) or join_within_s < 0:
         raise ValueError(f"join_within_s: expected seconds >= 0, got {join_within_s!r}")
-    pool = windows(units)
+    pool = [w for w in windows(units) if recordings_in is None or w.recording in recordings_in]
+    if not pool:
+        raise ValueError(f"recordings_in: no {units}-unit window in {recordings_in!r}")
     rng = random.Random(seed)
     order = list(range(len(pool)))
     rng.shuffle(order)

@@ -15,10 +15,12 @@ session's own bytes); a refusal is an upper bound, recorded with its reason.
 
 Graphs: each cadence session runs `prepare(None)` at open (the voice), then captures in its slack what its
 units met without a graph and the likely next unit's signatures (suite.measure.slack), never inside a timed
-unit; `--prepare oracle` also captures its own script's signatures at open (foreknowledge: labelled, never the
-headline). Policies: "edf" (one thread; slack jobs in idle time, or `--slack after`: right after the unit) or
-"threads" (a thread and a CUDA stream per session; sessions that are not `concurrent` hold their model
-instance's lock around the tail and their slack captures). Every session's bytes are compared with the same
+unit; `--prepare learned:K` also captures, at open, the K signatures that the most sessions of the learn half of
+the recordings meet (workloads.traffic.split), and then runs every session on the serve half only, so nothing of
+a session's recording was seen; `--prepare oracle` also captures its own script's signatures at open
+(foreknowledge: labelled, never the headline). Policies: "edf" (one thread; slack jobs in idle time, or
+`--slack after`: right after the unit) or "threads" (a thread and a CUDA stream per session; sessions that are
+not `concurrent` hold their model instance's lock around the tail and their slack captures). Every session's bytes are compared with the same
 session run alone (the first `--reference-sessions`; all by default). Writes --out/duplex.json (checkpointed
 after every count, verdict PARTIAL until the end). Exit status: 0 VALID, EXIT_INVALID (1) for a complete
 INVALID record, 2 for bad arguments.
@@ -42,7 +44,7 @@ from suite.measure import env, scheduler
 from suite.measure.ar_stage import make_ar
 from suite.measure.duplex_args import build_parser, check_args, counts_of, names_of
 from suite.measure.duplex_run import Traffic, model_bytes, open_entry, plans, reference, run_sessions
-from suite.measure.duplex_session import PERIOD_S, check_bytes, synthetic_payload
+from suite.measure.duplex_session import PERIOD_S, check_bytes, learned_graphs, synthetic_payload
 from suite.measure.memory import MemoryProbe, release_cached
 from suite.measure.search import FixedCounts, SessionSearch
 from suite.measure.session import make_spec
@@ -218,12 +220,14 @@ def run(args, command: list[str] | None = None) -> dict:
     counts = counts_of(args)
     policies = {m: (args.stock_policy if (m == "stock" and args.stock_policy) else args.policy) for m in args.modes}
     starts = {m: (args.stock_start if (m == "stock" and args.stock_start) else args.start) for m in args.modes}
-    traffic = Traffic(args.traffic, args.seconds, args.seed, args.join_within_s, args.variants)
+    traffic = Traffic(args.traffic, args.seconds, args.seed, args.join_within_s, args.variants,
+                      recordings="serve" if learned_graphs(args.prepare) else "all")
     prov = env.provenance(command, device=device)
     record = {"schema": DUPLEX_SCHEMA, "provenance": prov, "parameters": {
         "ar": args.ar, "seconds": args.seconds, "policy": policies, "traffic": args.traffic, "seed": args.seed,
         "join_within_s": args.join_within_s, "variants": args.variants, "depth": args.depth, "steps": args.steps,
         "period_s": PERIOD_S, "budget_mib": args.budget_mib, "modes": list(args.modes), "prepare": args.prepare,
+        "recordings": traffic.recordings,
         "slack": args.slack, "reference_sessions": args.reference_sessions,
         "search": {"start": starts, "grow": args.grow, "max_sessions": args.max_sessions, "budget_s": args.budget_s},
         "sessions": counts, "after_miss": args.after_miss}, "workloads": {}}

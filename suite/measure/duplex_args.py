@@ -13,7 +13,7 @@ import workloads
 from suite.measure import env, scheduler
 from suite.measure.ar_stage import ARSpecError, parse_ar
 from suite.measure.duplex_run import TRAFFICS
-from suite.measure.duplex_session import PREPARES, parse_sessions, session_units
+from suite.measure.duplex_session import PREPARES, learned_graphs, parse_sessions, session_units
 
 MODES = ("stock", "cadence")
 PROG = "python -m suite.measure.duplex"
@@ -82,9 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="policy for stock sessions (default: --policy)")
     p.add_argument("--slack", default="idle", choices=scheduler.SLACKS,
                    help="edf: slack captures in the scheduler's idle time (idle) or right after the unit (after)")
-    p.add_argument("--prepare", default="voice", choices=PREPARES,
-                   help="graphs before the cadence: voice (prepare(None), the real figure) or oracle (also the "
-                        "session's own script: foreknowledge, labelled)")
+    p.add_argument("--prepare", default="voice", type=prepare_arg, metavar="|".join(PREPARES),
+                   help="graphs before the cadence: voice (prepare(None)), learned:K (also the K signatures most "
+                        "sessions of the learn half of the recordings meet; sessions then run on the serve half "
+                        "only: workloads.traffic.split) or oracle (also the session's own script: foreknowledge, "
+                        "labelled)")
     p.add_argument("--reference-sessions", type=number(int, 0, strict=False), default=None,
                    help="compare the first K sessions with themselves run alone (default: every session)")
     p.add_argument("--variants", type=number(int, 1, strict=False), default=1,
@@ -116,6 +118,15 @@ def counts_of(args) -> dict | None:
     return out or None
 
 
+def prepare_arg(text: str) -> str:
+    """An argparse type for --prepare: one of PREPARES (K an int >= 1), else one line."""
+    try:
+        learned_graphs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("prepare: ")) from None
+    return text
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Every flag's value, before any model is built. Raises SystemExit (status 2) naming the flag. Sets
     args.checkpoints: {workload: absolute path} from --checkpoint ({} without it)."""
@@ -126,6 +137,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise usage_error(f"--modes: expected each mode once, got {','.join(args.modes)!r}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise usage_error(f"--out: expected a folder (new or existing), got the file {args.out!r}")
+    if learned_graphs(args.prepare) and args.traffic != "voxconverse":
+        raise usage_error(f"--prepare {args.prepare}: learns from the recordings, so it needs --traffic voxconverse, "
+                          f"got {args.traffic!r}")
     if args.max_sessions is not None and max(args.start, args.stock_start or 1) > args.max_sessions:
         raise usage_error(f"--max-sessions: {args.max_sessions} is below the start count")
     for name in names_of(args.workload):

@@ -15,8 +15,10 @@ import bisect
 import contextlib
 import copy
 import gc
+import pickle
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -24,8 +26,9 @@ import torch
 from duplexcadence import gate, graphs
 from duplexcadence.errors import ConcurrencyError
 from suite.measure import scheduler
-from suite.measure.duplex_session import (PERIOD_S, Driver, PoolEntry, Progress, footprint, has_work, metrics,
-                                          session_units, storages, traffic_units)
+from suite.measure.duplex_session import (PERIOD_S, Driver, PoolEntry, Progress, footprint, has_work,
+                                          learned_graphs, metrics, oracle_signatures, session_units, storages,
+                                          traffic_units)
 from suite.measure.memory import MemoryProbe, release_cached
 from suite.measure.session import open_session
 from suite.measure.slack import SlackCapture
@@ -34,6 +37,9 @@ from workloads import traffic as traffic_mod
 from workloads.common import FORMATS
 
 TRAFFICS = (UNSEEN_TRAFFIC, "committed")
+RECORDINGS = ("all", "serve")
+LEARN_UNITS = 60                   # the learn recordings' windows, in units (seconds), for learned_signatures
+_LEARNED: dict = {}
 CADENCE_COUNTERS = ("captures", "replays", "eager_runs", "eager_fallbacks", "warmup_runs", "capture_failures")
 
 
@@ -48,10 +54,13 @@ class Traffic:
     join_within_s: float = 10.0
     variants: int = 1
     units: int = 60
+    recordings: str = "all"        # "serve": only workloads.traffic.split()'s serve half (the learn half is learned)
 
     def __post_init__(self):
         if self.kind not in TRAFFICS:
             raise ValueError(f"traffic: expected one of {TRAFFICS}, got {self.kind!r}")
+        if self.recordings not in RECORDINGS:
+            raise ValueError(f"recordings: expected one of {RECORDINGS}, got {self.recordings!r}")
 
 
 @dataclass(frozen=True)
@@ -78,8 +87,9 @@ def plans(workload, n: int, traffic: Traffic) -> list[Plan]:
                      {"script": str(getattr(workload, "script", "")), "variant": s % traffic.variants})
                 for s in range(n)]
     out = []
+    serve = traffic_mod.split()[1] if traffic.recordings == "serve" else None
     for a in traffic_mod.traffic(payload_architecture(workload), n, units=traffic.units, seed=traffic.seed,
-                                 join_within_s=traffic.join_within_s):
+                                 join_within_s=traffic.join_within_s, recordings_in=serve):
         units = traffic_units(a.script, traffic.seconds)
         out.append(Plan(units, a.join_s, a.session,
                         {"window": a.window.name, "join_s": a.join_s, "payload_seed": traffic.seed * 1000 + a.session,
@@ -87,10 +97,30 @@ def plans(workload, n: int, traffic: Traffic) -> list[Plan]:
     return out
 
 
+def learned_signatures(workload, session, k: int) -> list:
+    """The `k` signatures that the most sessions of the learn recordings (workloads.traffic.split) meet: every
+    LEARN_UNITS-unit window of those recordings, payload seed 0, walked from a copy of `session`'s clocks
+    (`oracle_signatures` of each script: each signature counted once per script); ties in order of first
+    occurrence. Nothing of a serve recording is read. Cached per clocks (fresh sessions of one build share
+    them)."""
+    key = (payload_architecture(workload), pickle.dumps(session.clocks()), k)
+    if key not in _LEARNED:
+        learn, count, first = traffic_mod.split()[0], Counter(), {}
+        for w in traffic_mod.windows(LEARN_UNITS):
+            if w.recording in learn:
+                script = traffic_mod.session_script(key[0], w, 0)
+                for sig in oracle_signatures(session, traffic_units(script, float(LEARN_UNITS))):
+                    count[sig] += 1
+                    first.setdefault(sig, len(first))
+        _LEARNED[key] = sorted(count, key=lambda sig: (-count[sig], first[sig]))[:k]
+    return list(_LEARNED[key])
+
+
 def open_entry(workload, mode, model, adapter, spec, ar, device, name, units, prepare) -> PoolEntry:
     """A session ready for the cadence: opened (on the shared instance, or a copy where the adapter refuses a
-    second session there), `prepare(None)` (and the oracle's own-script signatures with prepare="oracle"),
-    warmed up on synthetic payloads. The session is closed if any of it raises."""
+    second session there), `prepare(None)` (and the oracle's own-script signatures with prepare="oracle", or
+    the `learned_signatures` with "learned:K"), warmed up on synthetic payloads. The session is closed if any
+    of it raises."""
     t0 = time.perf_counter()
     try:
         session, instance, own = open_session(adapter, model, mode, spec), model, False
@@ -99,7 +129,9 @@ def open_entry(workload, mode, model, adapter, spec, ar, device, name, units, pr
         session, own = open_session(adapter, instance, mode, spec), True
     drv = Driver(session, ar, device, name)
     try:
-        drv.prepare(units, prepare if mode != "stock" else "voice")
+        how = prepare if mode != "stock" else "voice"
+        k = learned_graphs(how)
+        drv.prepare(units, how, learned_signatures(workload, session, k) if k else None)
         drv.warm_up(workload.payload_format)
         nbytes, how = footprint(session, mode, model, own)
     except BaseException:

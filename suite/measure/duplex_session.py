@@ -25,7 +25,7 @@ from suite.measure.session import select_units
 PERIOD_S = 1.0                 # the duplex cadence
 VARIANT_SHIFT = 97             # id shift per payload variant
 WARMUP_TURN_UNITS = 4          # full SPEAK units of the warm-up turn (synthetic payloads)
-PREPARES = ("voice", "oracle")  # what a cadence session captures before the cadence
+PREPARES = ("voice", "oracle", "learned:K")  # what a cadence session captures before the cadence
 PROGRESS_S = 10.0              # a progress line at most this often while a run is on the cadence
 
 
@@ -94,6 +94,17 @@ def synthetic_payload(fmt, size: int, seed: int):
 
 def has_work(unit: DuplexUnit) -> bool:
     return unit.kind == "SPEAK" or unit.payload is not None
+
+
+def learned_graphs(how: str) -> int | None:
+    """K of a "learned:K" prepare (an int >= 1), None for "voice" and "oracle". Raises ValueError naming
+    `prepare` for anything else."""
+    if how in ("voice", "oracle"):
+        return None
+    head, _, k = str(how).partition(":")
+    if head != "learned" or not k.isdigit() or int(k) < 1:
+        raise ValueError(f"prepare: expected one of {PREPARES} (K an int >= 1), got {how!r}")
+    return int(k)
 
 
 def oracle_signatures(session, units: list[DuplexUnit]) -> list:
@@ -184,16 +195,21 @@ class Driver:
             return None
         return self.slack.note(unit, opened_turn=self.opened, turn_open=self.turn is not None)
 
-    def prepare(self, units: list[DuplexUnit], how: str = "voice") -> dict:
+    def prepare(self, units: list[DuplexUnit], how: str = "voice", learned: list | None = None) -> dict:
         """Capture before the cadence: `prepare(None)` (what every turn of the voice needs); with "oracle" also
-        `oracle_signatures(units)` of this session's own script. Returns {"voice": deltas, "oracle": deltas or
-        None, "ms"}; a no-op (zeros) for sessions that capture nothing."""
-        if how not in PREPARES:
-            raise ValueError(f"prepare: expected one of {PREPARES}, got {how!r}")
+        `oracle_signatures(units)` of this session's own script; with "learned:K" also `learned` (signatures
+        learned from other recordings' traffic: duplex_run.learned_signatures). Returns {"voice": deltas,
+        "oracle": deltas or None, "learned": deltas or None, "ms"}; a no-op (zeros) for sessions that capture
+        nothing. Raises ValueError for another `how`, or "learned:K" without `learned`."""
+        k = learned_graphs(how)
+        if k is not None and learned is None:
+            raise ValueError(f"prepare: {how!r} needs the learned signatures")
         t0 = time.perf_counter()
-        out = {"voice": self.session.prepare(None), "oracle": None}
+        out = {"voice": self.session.prepare(None), "oracle": None, "learned": None}
         if how == "oracle":
             out["oracle"] = self.session.prepare(oracle_signatures(self.session, units))
+        if k is not None:
+            out["learned"] = self.session.prepare(learned)
         if self.device.type == "cuda":
             gate.synchronize(self.device)
         out["ms"] = (time.perf_counter() - t0) * 1e3
