@@ -21,7 +21,7 @@ from torch_threads import torch_threads  # noqa: E402
 from duplexcadence import vmm  # noqa: E402
 from duplexcadence.errors import ConcurrencyError  # noqa: E402
 from duplexcadence.session import UnitOutput, to_pcm16  # noqa: E402
-from suite.measure import stress, trend  # noqa: E402
+from suite.measure import memory, stress, trend  # noqa: E402
 from suite.records import EXIT_INVALID, STRESS_SCHEMA  # noqa: E402
 from workloads.common import FORMATS, script_from_rows  # noqa: E402
 
@@ -292,6 +292,11 @@ def test_cli_writes_the_record_and_exits_non_zero_on_a_difference(tmp_path, monk
                                                                                           "suite.measure.stress"]
     assert record["summary"]["differing_units"] > 0
     assert record["parameters"]["threads"] == 3 and record["memory"]["rule"]
+    assert record["memory"]["residue"] == {}                 # what stays allocated is a CUDA figure
+    record["memory"]["residue"] = {"allocated_mib": 9128.4, "reserved_mib": 9188.0, "sites": None,
+                                   "cublas_workspaces_mib": 2592.0}
+    assert ("once every session closed: torch allocated 9128 MiB, reserved 9188 MiB, of it cuBLAS workspaces "
+            "2592 MiB") in stress.table(record)
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -315,3 +320,19 @@ def test_cuda_mixed_sessions_on_threads_equal_each_alone():
     assert rec["summary"]["units_compared"] == rec["summary"]["units"] > 0
     assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0, "cuda_graphs_alive_after": 0,
                              "vmm_mapped_mib_after": 0}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: torch's allocator and cuBLAS workspaces")
+def test_cuda_residue_names_what_stays_allocated_and_counts_the_cublas_workspaces():
+    device = torch.device("cuda")
+    with memory.allocation_history(device) as history:
+        kept = torch.empty(16 * 2 ** 20, dtype=torch.uint8, device=device)       # 16 MiB nobody frees
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):                 # a new (handle, stream) pair: cuBLAS makes a workspace
+            a = torch.randn(64, 64, device=device)
+            (a @ a).sum().item()
+        res = memory.residue(device, history)
+    assert res["allocated_mib"] >= 16 and res["cublas_workspaces_mib"] > 0, res
+    top = res["sites"]["sites"]
+    assert any("test_stress.py" in row["site"] and row["bytes"] >= 16 * 2 ** 20 for row in top), top
+    del kept

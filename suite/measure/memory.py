@@ -426,3 +426,27 @@ def snapshot_sites(snapshot: dict | None, top: int = 10) -> dict | None:
     rows = sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]
     return {"allocated_bytes": total, "recorded_bytes": recorded, "by_pool": by_pool,
             "sites": [{"site": k[0], "via": k[1], "pool": k[2], "bytes": v[0], "blocks": v[1]} for k, v in rows]}
+
+
+def residue(device: torch.device, history: dict | None = None) -> dict:
+    """What the process still holds on `device` once every session closed: torch's allocated and reserved MiB,
+    the sites of the blocks still allocated (`snapshot_sites` of `history`, an `allocation_history` box that
+    recorded the run; None without one), and the MiB of torch's cuBLAS workspaces (one per cuBLAS handle and
+    stream pair: a host thread's handle meeting a stream allocates one), freed here to count them when no
+    CUDA graph is alive (a graph may hold a workspace's address; None otherwise, or where this torch cannot
+    clear them). Call it last: the workspaces are made again on demand. CPU: {}."""
+    if device.type != "cuda":
+        return {}
+    gate.synchronize(device)
+    gc.collect()
+    alloc = torch.cuda.memory_allocated(device)
+    out = {"allocated_mib": alloc / 2 ** 20, "reserved_mib": torch.cuda.memory_reserved(device) / 2 ** 20,
+           "sites": None, "cublas_workspaces_mib": None}
+    if history is not None and history.get("take") is not None:
+        history["take"]()
+        out["sites"] = snapshot_sites(history["snapshot"])
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None and not any(isinstance(o, torch.cuda.CUDAGraph) for o in gc.get_objects()):
+        clear()
+        out["cublas_workspaces_mib"] = (alloc - torch.cuda.memory_allocated(device)) / 2 ** 20
+    return out

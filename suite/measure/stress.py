@@ -45,7 +45,7 @@ from tabulate import tabulate
 
 import workloads
 from duplexcadence import bind, gate, graphs, runtime, vmm
-from suite.measure import env, trend
+from suite.measure import env, memory, trend
 from suite.measure.session import make_spec
 from suite.measure.stress_session import HANG_S, COLUMNS, Stress, Target, by_kind, compare, references
 from suite.records import DIRTY_TREE, EXIT_INVALID, NOT_FINISHED, STRESS_SCHEMA, jsonable
@@ -81,14 +81,23 @@ def build_targets(names, device, *, depth="released", steps=None, prompt_seconds
 
 # --- the run --------------------------------------------------------------------------------------------
 def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_units=12, device="cpu",
-               window=trend.WINDOW, reference="shared", progress=True, hang_s=HANG_S, on_stress=None) -> dict:
+               window=trend.WINDOW, reference="shared", progress=True, hang_s=HANG_S, on_stress=None,
+               memory_sites: bool = False) -> dict:
     """The stress on built `targets` and its record (without provenance): parameters, summary, per-kind rows,
-    sessions, differences, exceptions, references, memory (samples, flatness, start / end), checks, reasons.
-    on_stress(record): called once the threads are done, before the references run, with the record so far
-    (no unit compared yet). Raises ValueError for an unknown mode or reference."""
+    sessions, differences, exceptions, references, memory (samples, flatness, start / end, and the residue once
+    everything closed: suite.measure.memory.residue, with allocation sites when `memory_sites` recorded them),
+    checks, reasons. on_stress(record): called once the threads are done, before the references run, with the
+    record so far (no unit compared yet). Raises ValueError for an unknown mode or reference."""
     if any(m not in MODES for m in modes) or reference not in REFERENCES:
         raise ValueError(f"modes: expected a subset of {MODES}, reference one of {REFERENCES}; got {modes}, "
                          f"{reference!r}")
+    with memory.allocation_history(torch.device(device), enabled=memory_sites) as history:
+        return _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress,
+                           hang_s, on_stress, history if memory_sites else None)
+
+
+def _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress, hang_s,
+                on_stress, history) -> dict:
     stress = Stress(targets, modes, threads=threads, seconds=seconds, seed=seed, max_units=max_units,
                     device=device, progress=progress, hang_s=hang_s)
     facts = {"start": stress.sampler.now(), "wall_s": stress.run()}
@@ -111,6 +120,7 @@ def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_u
     facts["references_s"] = time.perf_counter() - t0
     if progress:
         print(f"  references done: {len(refs)} sessions alone in {facts['references_s']:.0f} s", flush=True)
+    facts["residue"] = memory.residue(stress.device, history)
     return judge(stress, refs, params, facts)
 
 
@@ -167,7 +177,8 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
             "references": {"/".join(map(str, k)): {"units": len(r.hashes), "sha256": r.hashes}
                            for k, r in (refs or {}).items()},
             "memory": {"rule": trend.RULE, "window": params["window"], "driver_source": stress.sampler.driver_source,
-                       "start": facts["start"], "end": facts["end"], "flatness": flat, "samples": series},
+                       "start": facts["start"], "end": facts["end"], "residue": facts.get("residue"),
+                       "flatness": flat, "samples": series},
             "checks": checks, "invalid_reasons": reasons, "finished": refs is not None}
 
 
@@ -179,10 +190,15 @@ def table(record: dict) -> str:
                      headers=["workload/mode", *(c.replace("_", " ") for c in cols)])
     mem = [[name, f["cycles"], f.get("slope_mib_per_cycle"), f.get("growth_pct"), f["flat"]]
            for name, f in record["memory"]["flatness"].items()]
-    memory = tabulate(mem, headers=["memory", "cycles", "slope MiB/cycle", "growth %", "flat"], floatfmt=".3f")
+    mem = tabulate(mem, headers=["memory", "cycles", "slope MiB/cycle", "growth %", "flat"], floatfmt=".3f")
     reasons = record["invalid_reasons"]
     checks = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in record["checks"].items())
-    return (f"{kinds}\n\n{memory}\n\n{checks}\n\nverdict {record['verdict']}"
+    res = record["memory"].get("residue") or {}
+    if res:
+        ws = res["cublas_workspaces_mib"]
+        checks += (f"\nonce every session closed: torch allocated {res['allocated_mib']:.0f} MiB, reserved "
+                   f"{res['reserved_mib']:.0f} MiB, of it cuBLAS workspaces {'?' if ws is None else f'{ws:.0f}'} MiB")
+    return (f"{kinds}\n\n{mem}\n\n{checks}\n\nverdict {record['verdict']}"
             + (f": {'; '.join(reasons)}" if reasons else ""))
 
 
@@ -209,7 +225,7 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
         record = write(stress_run(targets, modes=args.modes, threads=args.threads, seconds=args.seconds,
                                   seed=args.seed, max_units=args.max_units, device=device, window=args.window,
                                   reference=args.reference, progress=args.progress, hang_s=args.hang_s,
-                                  on_stress=write))
+                                  on_stress=write, memory_sites=args.memory_sites))
     if args.progress:
         print(f"wrote {out / 'stress.json'}")
     print(table(record), flush=True)
@@ -259,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-seconds", type=_at_least(float, 0, strict=True), default=None,
                    help="override the voice prompt's seconds")
     p.add_argument("--out", required=True)
+    p.add_argument("--memory-sites", action="store_true",
+                   help="record every CUDA allocation's Python stack (slower) so the residue names its sites")
     p.add_argument("--quiet", dest="progress", action="store_false")
     return p
 
