@@ -81,7 +81,7 @@ class CadenceSession(Session):
         if spec.get("capture", "ahead") not in ("ahead", "inline"):
             raise ValueError(f"spec['capture']: expected 'ahead' or 'inline', got {spec['capture']!r}")
         self.model, self.device = model, next(model.parameters()).device
-        self._clock = Turn(spec, seamless)
+        self._clock = Turn(spec, seamless, max_frames=model.config.max_position_embeddings)
         c, most = self._clock.left_context, UNIT.policy.bound()
         default_backend = "cpu" if self.device.type == "cpu" else "prealloc"   # a few KiB: exact prealloc
         self.arena = Arena(self.device, backend=spec.get("arena_backend", default_backend), name="code2wav")
