@@ -141,3 +141,12 @@ def test_cuda_released_duplex_loop_replays_and_equals_stock():
     stats = token2wav.session.stats()
     assert stats.units == len(stock) and stats.replays > 0
     assert stats.eager_fallbacks == 0 and stats.capture_failures == 0
+
+
+def test_wrap_refuses_a_model_that_is_not_minicpmo45_and_an_unknown_option(model):
+    other = open_model("stepaudio2_mini", device="cpu", depth="reduced", voice_prompt=str(VOICE), prompt_seconds=2.0,
+                       n_timesteps=2)
+    with pytest.raises(InputError, match=r"^model: expected open_model\('minicpmo45', \.\.\.\) .*'stepaudio2'"):
+        dropin.wrap(other)
+    with pytest.raises(InputError, match=r"^options: \['bogus'\] not taken by the drop-in's cadence session"):
+        dropin.wrap(model, bogus=1)

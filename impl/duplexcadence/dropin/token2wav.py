@@ -6,6 +6,7 @@ L5446-5525): each call is one unit of the session."""
 import numpy as np
 
 from duplexcadence.adapters import flow_hift as adapter
+from duplexcadence.dropin.checks import check_options
 from duplexcadence.errors import InputError
 from duplexcadence.payload import check_tokens
 
@@ -17,7 +18,12 @@ class Token2wav:
     any other attribute is its own. `session`: a CadenceSession (`options` its own) in the model's voice."""
 
     def __init__(self, model, **options):
-        self.model = getattr(model, "native", model)
+        model = getattr(model, "native", model)
+        if getattr(model, "variant", None) != "minicpmo45" or not hasattr(model, "t2w"):
+            raise InputError(f"model: expected open_model('minicpmo45', ...) or its adapter Model, got "
+                             f"{type(model).__name__}{' of ' + repr(model.variant) if hasattr(model, 'variant') else ''}")
+        check_options(options, adapter.session_options(model, "cadence"))
+        self.model = model
         self.native, self.session = self.model.t2w, adapter.new_session(self.model, "cadence", options)
         self.session.prepare()
 
