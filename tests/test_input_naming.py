@@ -183,3 +183,13 @@ def test_qwen3_omni_left_context_is_bounded_by_the_model_s_longest_window(models
         with pytest.raises(ValueError, match=rf"^spec\['left_context'\]: expected an int in \[1, {longest - 13}\], "
                                              rf"got {bad}"):
             models["qwen3_omni"].session(mode, left_context=bad)
+
+
+@pytest.mark.parametrize("name", ["moshi", "qwen3_omni", "minicpmo45", "stepaudio2_mini"])
+@pytest.mark.parametrize("kw", [{"graphs": 0}, {"graphs": ""}, {"graphs": "yes"}, {"strict": "yes"}])
+def test_graphs_and_strict_take_a_bool_not_a_truthy_value(models, name, kw):
+    if "strict" in kw and name in ("moshi", "qwen3_omni"):
+        pytest.skip("strict is a flow_hift cadence option only")
+    with pytest.raises(ValueError, match=rf"^spec\[{list(kw)[0]!r}\]: expected .*True or False, got "):
+        models[name].session("cadence", **kw)
+    models[name].session("cadence", graphs=False).close()
