@@ -33,8 +33,8 @@ def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") ->
     if isinstance(tokens, torch.Tensor):
         if tokens.device.type != "cpu" or tokens.layout != torch.strided or tokens.dim() != 1 or (
                 tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool):
-            raise InputError(f"{name}: expected a 1-D dense integer CPU tensor of ids in [0, {vocab}), got "
-                             f"{list(tokens.shape)} {tokens.dtype} on {tokens.device}")
+            raise InputError(f"{name}: expected a sequence of ints in [0, {vocab}) (as a tensor: 1-D, dense, integer, "
+                             f"on the CPU), got {list(tokens.shape)} {tokens.dtype} on {tokens.device}")
         tokens = tokens.tolist()
     if (isinstance(tokens, _NOT_A_SEQUENCE) or not hasattr(tokens, "__iter__")
             or getattr(tokens, "ndim", 1) == 0):
