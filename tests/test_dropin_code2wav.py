@@ -134,3 +134,12 @@ def test_cuda_released_window_loop_and_chunked_decode_replay_and_equal_stock():
     assert out.device.type == "cuda" and same_bytes(out, ref)
     stats = code2wav.session.stats()
     assert stats.replays == stats.units and stats.eager_fallbacks == 0 and stats.capture_failures == 0
+
+
+def test_wrap_refuses_another_model_and_options_it_sets_itself_or_does_not_take(model):
+    from duplexcadence.adapters import mimi
+    with pytest.raises(InputError, match=r"^native: expected a transformers Qwen3OmniMoeCode2Wav .*got MimiModel"):
+        dropin.wrap(mimi.build_model({}, device="cpu", depth="reduced", seed=0))
+    for bad in ({"bogus": 1}, {"initial_frames": 4}):      # the drop-in starts every stream at 0 initial frames
+        with pytest.raises(InputError, match=rf"^options: \[{list(bad)[0]!r}\] not taken by the drop-in's cadence"):
+            dropin.wrap(model, **bad)

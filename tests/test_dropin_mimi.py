@@ -234,3 +234,13 @@ def test_cuda_released_server_loop_replays_and_equals_stock_eager(server):
     stats = mimi.session.stats()
     assert stats.units == FRAMES_PER_CONNECTION - 2 and stats.replays == stats.units
     assert stats.eager_fallbacks == 0 and stats.capture_failures == 0
+
+
+def test_wrap_refuses_another_model_and_an_option_the_cadence_session_does_not_take():
+    from duplexcadence.adapters import code2wav
+    with pytest.raises(InputError, match=r"^native: expected a moshi MimiModel or open_model\('moshi'\), got "
+                                         r"Qwen3OmniMoeCode2Wav"):
+        dropin.wrap(code2wav.build_model({}, device="cpu", depth="reduced", seed=0))
+    with pytest.raises(InputError, match=r"^options: \['bogus'\] not taken by the drop-in's cadence session"):
+        dropin.wrap(build(), bogus=1)
+    assert dropin.wrap(build(), cadence_graphs="unit").options == {"cadence_graphs": "unit"}

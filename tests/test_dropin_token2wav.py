@@ -116,6 +116,13 @@ def test_calls_the_loop_would_not_make_are_refused_and_change_nothing(model):
             token2wav.stream(bad, return_waveform=True)
     with pytest.raises(InputError, match="fewer than 8"):
         token2wav.stream(tokens[:9], last_chunk=True)
+    for bad, match in ((None, r"^generated_speech_tokens: expected a sequence of ints in \[0, 6561\), got NoneType"),
+                       (5, r"^generated_speech_tokens: expected a sequence .*got int"),
+                       (tokens[:3] + [6561] + tokens[4:], r"^generated_speech_tokens\[3\]: token id 6561 outside")):
+        with pytest.raises(InputError, match=match):
+            token2wav.stream(bad)
+    with pytest.raises(InputError, match=r"^last_chunk: expected a bool, got 'yes'"):
+        token2wav.stream(tokens, last_chunk="yes")
     with pytest.raises(InputError, match="prompt_wav"):
         token2wav.set_stream_cache("another_voice.wav")
     a, b = token2wav.stream(tokens, return_waveform=True), ref.stream(tokens, return_waveform=True)
@@ -134,3 +141,12 @@ def test_cuda_released_duplex_loop_replays_and_equals_stock():
     stats = token2wav.session.stats()
     assert stats.units == len(stock) and stats.replays > 0
     assert stats.eager_fallbacks == 0 and stats.capture_failures == 0
+
+
+def test_wrap_refuses_a_model_that_is_not_minicpmo45_and_an_unknown_option(model):
+    other = open_model("stepaudio2_mini", device="cpu", depth="reduced", voice_prompt=str(VOICE), prompt_seconds=2.0,
+                       n_timesteps=2)
+    with pytest.raises(InputError, match=r"^model: expected open_model\('minicpmo45', \.\.\.\) .*'stepaudio2'"):
+        dropin.wrap(other)
+    with pytest.raises(InputError, match=r"^options: \['bogus'\] not taken by the drop-in's cadence session"):
+        dropin.wrap(model, bogus=1)

@@ -138,3 +138,58 @@ def test_a_misspelled_session_option_is_named_not_ignored(name, mode, good):
 def test_an_option_of_another_mode_is_refused():
     with pytest.raises(InputError, match=r"^options: \['cadence_graphs'\] not taken by a moshi 'stock' session"):
         runtime.open_model("moshi", device="cpu", depth="reduced").session("stock", cadence_graphs="unit")
+
+
+VOICE = "workloads/data/voice_prompts/ljspeech_LJ001-0001_24k.wav"
+
+
+@pytest.mark.parametrize("name, kw, match", [
+    ("moshi", {"foo": 1}, r"^options: \['foo'\] not taken for moshi \(expected some of \['checkpoint'\]\)"),
+    ("moshi", {"dtype": "float16"}, r"^options: \['dtype'\] not taken for moshi"),
+    ("stepaudio2_mini", {"voice_prompt": VOICE, "n_timestep": 2}, r"^options: \['n_timestep'\] not taken"),
+    ("stepaudio2_mini", {"voice_prompt": VOICE, "variant": "minicpmo45"},
+     r"^options: \['variant'\] fixed by the model for stepaudio2_mini"),
+    ("moshi", {"seed": 2 ** 64}, r"^seed: expected an int in \[0, 9223372036854775807\]"),
+    ("minicpmo45", {"voice_prompt": 123}, r"^voice_prompt: expected a path \(str or os.PathLike\), got 123"),
+    ("moshi", {"checkpoint": 123}, r"^checkpoint: expected a path"),
+])
+def test_open_model_refuses_an_option_it_does_not_take_or_a_bad_seed_or_path(name, kw, match):
+    with pytest.raises(InputError, match=match):
+        runtime.open_model(name, device="cpu", depth="reduced", **kw)
+
+
+def test_open_model_takes_a_numpy_int_seed_as_the_same_int():
+    a = runtime.open_model("moshi", device="cpu", depth="reduced", seed=np.int64(3))
+    b = runtime.open_model("moshi", device="cpu", depth="reduced", seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.native.state_dict().values(), b.native.state_dict().values()))
+
+
+@pytest.mark.parametrize("seconds", [-1, 0, float("nan"), float("inf"), "2", True])
+def test_prompt_seconds_that_is_not_a_positive_finite_number_is_named(seconds):
+    with pytest.raises(ValueError, match=r"^spec\['prompt_seconds'\]: expected None \(the whole WAV\) or a finite"):
+        runtime.open_model("minicpmo45", device="cpu", depth="reduced", voice_prompt=VOICE, prompt_seconds=seconds)
+
+
+def test_a_voice_prompt_that_is_a_directory_is_called_one():
+    with pytest.raises(ValueError, match=r"^voice prompt: workloads is a directory, expected a 24 kHz WAV file"):
+        runtime.open_model("minicpmo45", device="cpu", depth="reduced", voice_prompt="workloads")
+
+
+@pytest.mark.parametrize("mode", ["stock", "cadence"])
+def test_qwen3_omni_left_context_is_bounded_by_the_model_s_longest_window(models, mode):
+    longest = models["qwen3_omni"].native.config.max_position_embeddings     # 8000: C + a 13-frame unit
+    models["qwen3_omni"].session(mode, left_context=longest - 13).close()
+    for bad in (longest - 12, 10 ** 15):
+        with pytest.raises(ValueError, match=rf"^spec\['left_context'\]: expected an int in \[1, {longest - 13}\], "
+                                             rf"got {bad}"):
+            models["qwen3_omni"].session(mode, left_context=bad)
+
+
+@pytest.mark.parametrize("name", ["moshi", "qwen3_omni", "minicpmo45", "stepaudio2_mini"])
+@pytest.mark.parametrize("kw", [{"graphs": 0}, {"graphs": ""}, {"graphs": "yes"}, {"strict": "yes"}])
+def test_graphs_and_strict_take_a_bool_not_a_truthy_value(models, name, kw):
+    if "strict" in kw and name in ("moshi", "qwen3_omni"):
+        pytest.skip("strict is a flow_hift cadence option only")
+    with pytest.raises(ValueError, match=rf"^spec\[{list(kw)[0]!r}\]: expected .*True or False, got "):
+        models[name].session("cadence", **kw)
+    models[name].session("cadence", graphs=False).close()

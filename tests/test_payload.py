@@ -249,3 +249,12 @@ def test_move_tail_by_hand():
     buf = torch.arange(12.0)
     move_tail_(buf, 2, 9, 4)                                # keep [0, 2) and the last 4 of the first 9
     assert buf.tolist() == [0, 1, 5, 6, 7, 8, 6, 7, 8, 9, 10, 11]
+
+
+def test_check_tokens_takes_a_1d_integer_cpu_tensor_and_names_any_other():
+    assert check_tokens(torch.tensor([5, 6560], dtype=torch.int16), vocab=VOCAB, max_count=MAX_TOKENS) == [5, 6560]
+    with pytest.raises(InputError, match=r"^tokens\[1\]: token id 6561 outside"):
+        check_tokens(torch.tensor([5, 6561]), vocab=VOCAB, max_count=MAX_TOKENS)
+    for bad in (torch.tensor([1.0]), torch.tensor([[1, 2]]), torch.tensor([True]), torch.tensor(3)):
+        with pytest.raises(InputError, match=r"^tokens: expected a sequence of ints in \[0, 6561\) \(as a tensor: 1-D, dense, integer"):
+            check_tokens(bad, vocab=VOCAB, max_count=MAX_TOKENS)

@@ -292,3 +292,31 @@ def test_prepare_takes_signatures_only_and_refuses_a_closed_session():
     s.close()
     with pytest.raises(ClosedError):
         s.prepare()
+
+
+def test_close_from_inside_speak_on_the_same_thread_is_refused_and_the_unit_completes():
+    """A payload whose iterator closes the session (or any callback inside speak) may not pull the state from
+    under the running unit; other methods called from inside one on its own thread still pass."""
+    from duplexcadence.errors import ConcurrencyError
+    refused, s = [], None
+
+    class Payload(list):
+        def __iter__(self):
+            try:
+                s.close()
+            except ConcurrencyError as exc:
+                refused.append(str(exc))
+            return super().__iter__()
+
+    class Reads(_SlowSession):
+        def speak(self, payload, *, final=False):
+            list(payload)
+            return super().speak(payload, final=final)
+
+    s = r = Reads()
+    r.release.set()
+    out = r.speak(Payload([1]))
+    assert out.samples == 4 and not r.closed and r.ran == ["speak", "start_turn"]
+    assert refused and refused[0].startswith("close: called from inside this session's speak() on the same thread")
+    r.close()
+    assert r.closed and r.ran[-1] == "close"

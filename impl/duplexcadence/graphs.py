@@ -187,6 +187,15 @@ class GraphEntry:
     arena_base: int
 
 
+def check_options(graphs, strict=False) -> None:
+    """A session's `graphs` (None: on CUDA) and `strict` options, checked before it allocates anything. Raises
+    ValueError naming the option for anything but a bool (or None for graphs)."""
+    for name, value in (("graphs", graphs), ("strict", strict)):
+        if not (isinstance(value, bool) or (value is None and name == "graphs")):
+            raise ValueError(f"spec[{name!r}]: expected {'None (graphs on CUDA), ' if name == 'graphs' else ''}"
+                             f"True or False, got {value!r} ({type(value).__name__})")
+
+
 class GraphCache:
     """Graphs of one session (one arena), keyed by signature.
 
@@ -207,6 +216,7 @@ class GraphCache:
     def __init__(self, device, *, enabled: bool | None = None, strict: bool = False, arena=None,
                  warmup: int = 0, warmed: "WarmSet | None" = None, lock=None, warm_key=None, inline: bool = True):
         self.device = torch.device(device)
+        check_options(enabled, strict)
         self.enabled = (self.device.type == "cuda") if enabled is None else enabled
         if self.enabled and self.device.type != "cuda":
             raise ValueError(f"graphs need a CUDA device, got {self.device}")

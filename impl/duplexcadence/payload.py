@@ -28,7 +28,14 @@ def check_int(name: str, x, *, low: int | None = None, high: int | None = None, 
 
 
 def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") -> list[int]:
-    """Speech token ids: a sequence of at most `max_count` ints in [0, vocab). Returns them as a list."""
+    """Speech token ids: a sequence of at most `max_count` ints in [0, vocab), or a 1-D integer CPU torch
+    tensor of them (as frame payloads take tensors). Returns them as a list."""
+    if isinstance(tokens, torch.Tensor):
+        if tokens.device.type != "cpu" or tokens.layout != torch.strided or tokens.dim() != 1 or (
+                tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool):
+            raise InputError(f"{name}: expected a sequence of ints in [0, {vocab}) (as a tensor: 1-D, dense, integer, "
+                             f"on the CPU), got {list(tokens.shape)} {tokens.dtype} on {tokens.device}")
+        tokens = tokens.tolist()
     if (isinstance(tokens, _NOT_A_SEQUENCE) or not hasattr(tokens, "__iter__")
             or getattr(tokens, "ndim", 1) == 0):
         raise InputError(f"{name}: expected a sequence of ints in [0, {vocab}), got {type(tokens).__name__}")

@@ -10,12 +10,14 @@ Every adapter module (duplexcadence.adapters.<architecture>) exposes:
   (the upstream code as it ships, driven as the model's own serving loop drives it), ``"cadence"`` (the
   same kernels on arena views, with CUDA-graph replay on CUDA) or one of the adapter's other ``MODES``.
 * ``session_options(model, mode: str) -> tuple``: the spec keys a session of ``mode`` takes.
+* ``MODEL_OPTIONS``: the spec keys ``open_model`` passes on to ``build_model``.
 
 `open_model(name, ...)` does both steps for a user: ``open_model("moshi").session("cadence")``.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from duplexcadence.gate import OuterLock
 from duplexcadence.session import UnitOutput
 
 MODES = ("stock", "cadence")
+SEED_MAX = 2 ** 63 - 1       # torch.Generator.manual_seed takes a signed 64-bit seed
 
 ADAPTERS = {
     "flow_hift": "duplexcadence.adapters.flow_hift",   # MiniCPM-o 4.5, Step-Audio 2 mini
@@ -101,9 +104,10 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
     """Build the released model `name` (a key of MODELS) on `device` with seeded random weights, or from
     `checkpoint=DIR_OR_FILE` in the released layout. depth: "released" or "reduced" (the same classes,
     fewer layers: CPU tests). spec: the model's options (voice_prompt=WAV path for the flow-matching
-    decoders, n_timesteps, prompt_seconds, dtype, ...). Raises KeyError naming the known models,
-    ValueError naming a missing required option and InputError for a device this machine lacks (check_device)
-    or a seed that is not an int >= 0."""
+    decoders, n_timesteps, prompt_seconds, dtype, ...: the adapter's MODEL_OPTIONS). Raises KeyError naming the
+    known models, ValueError naming a missing required option and InputError for an option the model does not
+    take (or one its entry fixes, such as the variant), a path option that is not a path, a device this machine
+    lacks (check_device) or a seed that is not an int in [0, SEED_MAX]."""
     if not isinstance(name, str) or name not in MODELS:
         raise KeyError(f"model {name!r}: expected one of {sorted(MODELS)}")
     entry = MODELS[name]
@@ -111,10 +115,19 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
     if missing:
         raise ValueError(f"open_model({name!r}): {', '.join(missing)} is required (e.g. voice_prompt='voice.wav', "
                          f"a 24 kHz WAV of the voice to speak in)")
-    check_device(device)
-    check_int("seed", seed, low=0)
-    full = {**entry.spec, **spec}
     mod = adapter(entry.architecture)
+    fixed = sorted(set(spec) & set(entry.spec) - set(mod.MODEL_OPTIONS))
+    unknown = sorted(set(spec) - set(mod.MODEL_OPTIONS) - set(fixed))
+    if fixed or unknown:
+        raise InputError(f"options: {fixed or unknown} {'fixed by the model' if fixed else 'not taken'} for "
+                         f"{name} (expected some of {list(mod.MODEL_OPTIONS)})")
+    for key in ("voice_prompt", "checkpoint"):
+        if spec.get(key) is not None and not isinstance(spec[key], (str, os.PathLike)):
+            raise InputError(f"{key}: expected a path (str or os.PathLike), got {spec[key]!r} "
+                             f"({type(spec[key]).__name__})")
+    check_device(device)
+    seed = check_int("seed", seed, low=0, high=SEED_MAX)
+    full = {**entry.spec, **spec}
     return OpenModel(entry, mod, mod.build_model(full, device=device, depth=depth, seed=seed), full)
 
 
@@ -185,7 +198,7 @@ def use_expandable_segments(device) -> dict:
     created from now on grow in place instead of one new segment per larger request). For processes that
     run DuplexCadence sessions only: a decoder part that still runs eagerly on a shape that grows every unit
     (Step-Audio 2's conformer encoder) otherwise leaves a new cached segment behind per unit, and the
-    allocator's reserve, not the session's state, becomes its memory (measured: results/README.md). Output
+    allocator's reserve, not the session's state, becomes its memory. Output
     bytes do not depend on it. No-op off CUDA. Returns {"cuda_allocator": <setting>} or {}."""
     import torch
     if torch.device(device).type != "cuda":

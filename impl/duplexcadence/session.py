@@ -168,8 +168,12 @@ def _one_caller(fn, name: str):
     def call(self, *args, **kwargs):
         caller = self.__dict__.get("_caller") or self.__dict__.setdefault("_caller", _Caller())
         me = threading.get_ident()
-        if caller.owner == me:                       # the same thread, e.g. a subclass calling super()
-            return fn(self, *args, **kwargs)
+        if caller.owner == me:                       # the same thread: super(), or one method calling another
+            if name != "close" or caller.what == "close":
+                return fn(self, *args, **kwargs)
+            raise ConcurrencyError(f"{name}: called from inside this session's {caller.what}() on the same thread "
+                                   f"(from a payload's iterator or a callback?); call it once {caller.what}() "
+                                   f"has returned")
         if not caller.lock.acquire(blocking=False):
             raise ConcurrencyError(f"{name}: another thread is inside this session's {caller.what}(); a session "
                                    f"is one stream: call it from one thread at a time")
@@ -187,7 +191,8 @@ class Session(abc.ABC):
     """Base of every session (module docstring). Subclasses set `capabilities` and implement the
     abstract methods; `close()` must free the session's device and host memory without waiting for the
     cycle collector, after which every method raises ClosedError. The methods that change a session
-    (ONE_CALLER) refuse a second thread while one is inside any of them (ConcurrencyError, nothing changed):
+    (ONE_CALLER) refuse a second thread while one is inside any of them, and `close()` from inside another of
+    them on the same thread (ConcurrencyError, nothing changed):
     sessions of one model may run on their own threads (Capabilities.concurrent), one session may not."""
 
     ONE_CALLER = ("start_turn", "speak", "prepare", "close")

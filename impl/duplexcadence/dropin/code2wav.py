@@ -9,6 +9,7 @@ from duplexcadence import gate
 from duplexcadence.adapters import code2wav as adapter
 from duplexcadence.adapters.code2wav.schedule import BOUNDARY_LOSS, NUM_QUANTIZERS, SAMPLES_PER_FRAME, UNIT
 from duplexcadence.adapters.code2wav.stock import parse_codes
+from duplexcadence.dropin.checks import check_options, check_wrapped
 from duplexcadence.errors import InputError
 
 
@@ -17,7 +18,11 @@ class Code2Wav:
     own. `session`: a CadenceSession (`options` its spec) of left context C = `left_context`, a call per window."""
 
     def __init__(self, native, left_context: int = adapter.LEFT_CONTEXT, **options):
-        self.native, self.left_context = getattr(native, "native", native), left_context
+        native = getattr(native, "native", native)
+        check_wrapped("native", native, "Qwen3OmniMoeCode2Wav",
+                      "a transformers Qwen3OmniMoeCode2Wav or open_model('qwen3_omni')")
+        check_options(options, set(adapter.session_options(native, "cadence")) - {"left_context", "initial_frames"})
+        self.native, self.left_context = native, left_context
         self.session = adapter.new_session(self.native, "cadence", {**options, "left_context": left_context,
                                                                     "initial_frames": 0})
         self.session.prepare()

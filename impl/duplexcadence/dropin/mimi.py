@@ -5,6 +5,7 @@ import torch
 
 from duplexcadence import bind, gate
 from duplexcadence.adapters import mimi as adapter
+from duplexcadence.dropin.checks import check_options, check_wrapped
 from duplexcadence.errors import InputError
 from duplexcadence.runtime import model_lock
 
@@ -14,7 +15,10 @@ class Mimi:
     sample_rate, ...). While it streams, `session` (a CadenceSession, `options` its spec) decodes."""
 
     def __init__(self, native, **options):
-        self.native, self.options, self.session = getattr(native, "native", native), options, None
+        native = getattr(native, "native", native)
+        check_wrapped("native", native, "MimiModel", "a moshi MimiModel or open_model('moshi')")
+        check_options(options, adapter.session_options(native, "cadence"))
+        self.native, self.options, self.session = native, options, None
 
     def __getattr__(self, name):
         return getattr(vars(self).get("native"), name)

@@ -3,8 +3,12 @@
 `set_stream_cache(prompt)` (docs/dropins.md). A call starts with the tokens the last one carried (its 3 lookahead;
 [4218] * 3 at a turn start) and has 8-28 tokens, a final one fewer than 8, as the loop makes them (unified
 L5446-5525): each call is one unit of the session."""
+import numpy as np
+
 from duplexcadence.adapters import flow_hift as adapter
+from duplexcadence.dropin.checks import check_options
 from duplexcadence.errors import InputError
+from duplexcadence.payload import check_tokens
 
 LOW, HIGH = adapter.facts.MIN_CALL_TOKENS, adapter.facts.CALL_TOKENS
 
@@ -14,7 +18,12 @@ class Token2wav:
     any other attribute is its own. `session`: a CadenceSession (`options` its own) in the model's voice."""
 
     def __init__(self, model, **options):
-        self.model = getattr(model, "native", model)
+        model = getattr(model, "native", model)
+        if getattr(model, "variant", None) != "minicpmo45" or not hasattr(model, "t2w"):
+            raise InputError(f"model: expected open_model('minicpmo45', ...) or its adapter Model, got "
+                             f"{type(model).__name__}{' of ' + repr(model.variant) if hasattr(model, 'variant') else ''}")
+        check_options(options, adapter.session_options(model, "cadence"))
+        self.model = model
         self.native, self.session = self.model.t2w, adapter.new_session(self.model, "cadence", options)
         self.session.prepare()
 
@@ -36,7 +45,11 @@ class Token2wav:
         PCM bytes, the stock bytes. Raises InputError (a ValueError, as stock's) for a call the loop would not make
         (module docstring) or bad ids, before anything changes."""
         self._voice(prompt_wav)
-        tokens, carried = list(generated_speech_tokens), self.session.buffer
+        if not isinstance(last_chunk, (bool, np.bool_)):
+            raise InputError(f"last_chunk: expected a bool, got {last_chunk!r} ({type(last_chunk).__name__})")
+        tokens = check_tokens(generated_speech_tokens, vocab=adapter.facts.VOCAB_SIZE, max_count=HIGH,
+                              name="generated_speech_tokens")
+        carried = self.session.buffer
         if carried is None:
             raise InputError("stream: no open turn (a final call ends one); call set_stream_cache(prompt_wav)")
         n, k = len(tokens), len(carried)

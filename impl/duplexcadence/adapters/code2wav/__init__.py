@@ -20,6 +20,8 @@ from duplexcadence.adapters.code2wav.stock import StockSession
 from duplexcadence.session import host_waveform
 
 MODES = ("stock", "cadence", "cadence_seamless")
+#: The build options open_model passes on (build_model's spec keys a caller may give).
+MODEL_OPTIONS = ("dtype", "checkpoint")
 #: Released depth = the config class defaults; reduced depth for fast CPU checks of the same classes.
 RELEASED: dict = {}
 REDUCED = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from duplexcadence import bind, clocks, gate, upstream
+from duplexcadence import bind, clocks, gate, graphs, upstream
 from duplexcadence.adapters.code2wav.schedule import NUM_QUANTIZERS, SAMPLES_PER_FRAME, UNIT, Call, Turn, window
 from duplexcadence.adapters.code2wav.stock import CAPABILITIES, parse_codes
 from duplexcadence.arena import Arena
@@ -78,10 +78,11 @@ class CadenceSession(Session):
 
     def __init__(self, model, spec: dict | None = None, *, seamless: bool = False):
         spec = spec or {}
+        graphs.check_options(spec.get("graphs"))
         if spec.get("capture", "ahead") not in ("ahead", "inline"):
             raise ValueError(f"spec['capture']: expected 'ahead' or 'inline', got {spec['capture']!r}")
         self.model, self.device = model, next(model.parameters()).device
-        self._clock = Turn(spec, seamless)
+        self._clock = Turn(spec, seamless, max_frames=model.config.max_position_embeddings)
         c, most = self._clock.left_context, UNIT.policy.bound()
         default_backend = "cpu" if self.device.type == "cpu" else "prealloc"   # a few KiB: exact prealloc
         self.arena = Arena(self.device, backend=spec.get("arena_backend", default_backend), name="code2wav")

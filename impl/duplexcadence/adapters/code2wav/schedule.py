@@ -87,12 +87,14 @@ def window(sig) -> tuple:
 
 class Turn(ClockState):
     """Host clocks of one Code2Wav session: the turn's context length (None: no open turn), frames, units and
-    turns, and the options (left context C, initial frames, seamless). A window's Signature: step "window",
+    turns, and the options (left context C, initial frames, seamless). max_frames: the longest window the model
+    takes (its config's max_position_embeddings), which bounds C + the largest unit. A window's Signature: step "window",
     size = new frames, lengths {"context": ctx}, exact keep (the first output sample kept)."""
 
-    def __init__(self, spec: dict, seamless: bool = False):
+    def __init__(self, spec: dict, seamless: bool = False, *, max_frames: int | None = None):
+        high = None if max_frames is None else max_frames - UNIT.policy.bound()
         self.left_context = check_int("spec['left_context']", spec.get("left_context", LEFT_CONTEXT), low=1,
-                                      error=ValueError)
+                                      high=high, error=ValueError)
         self.initial = check_int("spec['initial_frames']", spec.get("initial_frames", INITIAL_FRAMES), low=0,
                                  high=UNIT.policy.bound(), error=ValueError)
         self.seamless = seamless

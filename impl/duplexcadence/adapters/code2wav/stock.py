@@ -32,7 +32,7 @@ class StockSession(Session):
     def __init__(self, model, spec: dict | None = None):
         self.model, self.lock = model, model_lock(model)
         self.device = next(model.parameters()).device
-        self._clock = Turn(spec or {})
+        self._clock = Turn(spec or {}, max_frames=model.config.max_position_embeddings)
         self.context = torch.zeros(NUM_QUANTIZERS, 0, dtype=torch.int64)   # host: the last <= C frames
 
     def start_turn(self) -> None:

@@ -18,6 +18,8 @@ from duplexcadence.adapters.flow_hift.plan import script_signatures
 from duplexcadence.adapters.flow_hift.stock import StepAudio2StockSession, StockSession
 
 MODES = ("stock", "cadence")
+#: The build options open_model passes on (build_model's spec keys a caller may give).
+MODEL_OPTIONS = ("voice_prompt", "prompt_seconds", "n_timesteps", "checkpoint")
 #: The session class of each (variant, mode) and the options a cadence session takes.
 SESSIONS = {("minicpmo45", "stock"): StockSession, ("minicpmo45", "cadence"): CadenceSession,
             ("stepaudio2", "stock"): StepAudio2StockSession, ("stepaudio2", "cadence"): StepAudio2CadenceSession}

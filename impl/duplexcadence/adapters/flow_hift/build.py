@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import inspect
 import math
+import numbers
 import string
 import tempfile
 from contextlib import nullcontext
@@ -310,10 +311,17 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
     Stand-in (documented, deterministic): the S3 tokenizer and CAMPPlus ONNX models ship with the weights and
     are unavailable, so the n = floor(16 kHz samples / 640) tokens and the 192-d speaker embedding are drawn
     from a generator seeded by the sha256 of the samples. seconds: keep the first `seconds` (None: all).
-    Raises FileNotFoundError / ValueError naming the file (missing, unreadable, not 24 kHz, < 0.4 s)."""
+    Raises FileNotFoundError / ValueError naming the file (missing, a directory, unreadable, not 24 kHz, < 0.4 s)
+    and ValueError for `seconds` that is not None or a finite number > 0."""
     import soundfile as sf
 
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
+                                or not math.isfinite(seconds) or seconds <= 0):
+        raise ValueError(f"spec['prompt_seconds']: expected None (the whole WAV) or a finite number of seconds > 0, "
+                         f"got {seconds!r} ({type(seconds).__name__})")
     wav_path = Path(wav_path)
+    if wav_path.is_dir():
+        raise ValueError(f"voice prompt: {wav_path} is a directory, expected a 24 kHz WAV file")
     if not wav_path.is_file():
         raise FileNotFoundError(f"voice prompt: {wav_path} does not exist")
     try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from duplexcadence import gate
+from duplexcadence import gate, graphs as graph_cache
 from duplexcadence.clocks import Signature
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, host_waveform
@@ -42,6 +42,7 @@ class CadenceSession(CadenceBase):
 
     def __init__(self, model, *, graphs: bool | None = None, capture: str = "ahead", strict: bool = False,
                  arena_backend: str = "auto", noise: str = "host"):
+        graph_cache.check_options(graphs, strict)
         with gate.work():
             self.vocoder = ArenaVocoder(model.t2w, noise=noise)
             super().__init__(model, capture, arena_backend)

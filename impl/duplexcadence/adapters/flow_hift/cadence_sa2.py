@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from duplexcadence import bind, gate
+from duplexcadence import bind, gate, graphs as graph_cache
 from duplexcadence.clocks import Signature
 from duplexcadence.session import Capabilities, host_waveform
 
@@ -41,6 +41,7 @@ class StepAudio2CadenceSession(CadenceBase):
 
     def __init__(self, model, *, graphs: bool | None = None, capture: str = "ahead", strict: bool = False,
                  arena_backend: str = "auto"):
+        graph_cache.check_options(graphs, strict)
         with gate.work():
             super().__init__(model, capture, arena_backend)
             self.clock = StepAudio2Clocks(self.specs, self.n_steps)

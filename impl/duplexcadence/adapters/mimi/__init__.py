@@ -19,6 +19,8 @@ from duplexcadence.adapters.mimi.schedule import N_Q
 from duplexcadence.adapters.mimi.stock import StockGraphsSession, StockSession
 
 MODES = ("stock", "stock_graphs", "cadence")
+#: The build options open_model passes on (build_model's spec keys a caller may give).
+MODEL_OPTIONS = ("checkpoint",)
 DEPTHS = ("released", "reduced")
 #: CI's config: the same classes and loader, 2 transformer layers, 16 SEANet base filters, 8 quantizer levels;
 #: the KV caches keep their released shape (8 heads x 64, context 250: the ring wraps). ~8x faster on CPU.

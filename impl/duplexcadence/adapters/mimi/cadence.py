@@ -21,7 +21,7 @@ import types
 
 import torch
 
-from duplexcadence import clocks, gate
+from duplexcadence import clocks, gate, graphs
 from duplexcadence.adapters.mimi.schedule import (
     BATCH, N_Q, POSITIONS_PER_FRAME, SAMPLES_PER_FRAME, UNIT, UNIT_SIZES, MimiClock, declare_regions, ring_rows)
 from duplexcadence.adapters.mimi.stock import CAPABILITIES, MimiSession, StreamStates
@@ -64,6 +64,7 @@ class CadenceSession(MimiSession):
 
     def __init__(self, model, spec: dict | None = None):
         spec = spec or {}
+        graphs.check_options(spec.get("graphs"))
         for key, allowed in OPTIONS.items():
             if spec.get(key, allowed[0]) not in allowed:
                 raise ValueError(f"spec[{key!r}]: expected one of {allowed}, got {spec[key]!r}")
