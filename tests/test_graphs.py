@@ -40,14 +40,16 @@ class _FakeStream:
         self.cuda_stream = ptr
 
 
+_ADDRESSES = itertools.count(0x1000, 0x10)     # one sequence for every test: a stream's address never comes back
+
+
 def _fresh_creator():
-    """Like the driver path: a new address per stream."""
-    counter = itertools.count(0x1000, 0x10)
+    """Like the driver path: a new address per stream, in this process."""
     made = []
 
     def create(index):
         made.append(index)
-        return _FakeStream(next(counter))
+        return _FakeStream(next(_ADDRESSES))
     return create, made
 
 
@@ -593,3 +595,32 @@ def test_cuda_graph_bytes_count_the_pool_even_when_it_reuses_cached_segments():
     assert cache.capture(signature("scale", 1 << 20), step)
     assert cache.pool_bytes >= 4 << 20
     cache.drop()
+
+
+def test_a_stream_another_live_thread_primed_stays_its_own_until_that_thread_ends():
+    """A thread that took another live thread's primed stream would make a new (thread, stream) cuBLAS
+    workspace pair and leave the owner to make another: a new stream is made instead, and a thread that
+    ended gives its streams to anyone."""
+    create, made = _fresh_creator()
+    leases = StreamLeases(create)
+    owned, done, leave = {}, threading.Event(), threading.Event()
+
+    def owner():
+        s = leases.acquire("cuda:0")
+        graphs._note_primed(s)                                 # what prime_workspace records for this thread
+        leases.release(s)
+        owned["s"] = s
+        done.set()
+        leave.wait(10)
+
+    t = threading.Thread(target=owner)
+    t.start()
+    done.wait(10)
+    other = leases.acquire("cuda:0")
+    assert other is not owned["s"] and len(made) == 2         # the owner is alive: a new stream, not its own
+    leases.release(other)
+    leave.set()
+    t.join(10)
+    again = leases.acquire("cuda:0")
+    assert again in (owned["s"], other) and len(made) == 2    # the owner ended: its stream is free for anyone
+    assert leases.acquire("cuda:0") in (owned["s"], other) and len(made) == 2

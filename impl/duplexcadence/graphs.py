@@ -59,9 +59,13 @@ class StreamLeases:
     host thread (one handle): two live sessions with the same pool stream share one workspace, and their
     graphs replayed at once on different streams race on it (non-finite vocoder audio, depending on timing).
 
-    A free stream this host thread has already primed (`prime_workspace`) is handed out first: each (thread,
-    stream) pair it captures on keeps a cuBLAS workspace for the life of the process, so without that
-    preference sessions opened and closed on a few threads would make a new workspace for nearly every one.
+    A free stream this host thread has already primed (`prime_workspace`) is handed out first, then a free
+    one that no other live thread primed; a stream another live thread primed is left to that thread and a
+    new stream made instead. Each (thread, stream) pair a thread captures on keeps a cuBLAS and a cuBLASLt
+    workspace for the life of the process, so a thread taking another's stream makes a new pair and leaves
+    the owner to make one too: the pairs would grow towards threads x streams. With this order they stay at
+    what each thread holds at once, summed over threads. A thread that ended gives its streams to any thread
+    (its cuBLAS handle goes back to torch's pool for the next thread).
 
     Without cuda-python, `acquire` falls back to torch's pool and raises RuntimeError when the stream it
     gets is already leased (instead of sharing it). Thread-safe. Garbage-collector callbacks
@@ -87,7 +91,8 @@ class StreamLeases:
             self._drain()
             free = self._free.setdefault(index, [])
             mine = [k for k, s in enumerate(free) if _is_primed(s)]
-            stream = free.pop(mine[-1] if mine else -1) if free else self._create(index)
+            open_ = mine or [k for k, s in enumerate(free) if not _primed_by_another_live_thread(s)]
+            stream = free.pop(open_[-1]) if open_ else self._create(index)
             if stream.cuda_stream in self._leased:
                 raise RuntimeError(f"stream {stream.cuda_stream:#x} on cuda:{index} is already leased: torch's "
                                    f"stream pool has wrapped around (32 per device); install cuda-python "
@@ -380,6 +385,29 @@ def _is_primed(stream) -> bool:
     return stream.cuda_stream in _primed_here()
 
 
+_PRIMERS: dict[int, list] = {}   # cuda_stream address -> the host threads that primed it
+_PRIMERS_LOCK = threading.Lock()
+
+
+def _note_primed(stream) -> None:
+    """Record that this host thread primed `stream` (its own set, and the process-wide primers)."""
+    _primed_here().add(stream.cuda_stream)
+    with _PRIMERS_LOCK:
+        _PRIMERS.setdefault(stream.cuda_stream, []).append(threading.current_thread())
+
+
+def _primed_by_another_live_thread(stream) -> bool:
+    """Whether a host thread other than this one that is still alive primed `stream` (dead ones are dropped)."""
+    me = threading.current_thread()
+    with _PRIMERS_LOCK:
+        primers = [t for t in _PRIMERS.get(stream.cuda_stream, ()) if t.is_alive()]
+        if primers:
+            _PRIMERS[stream.cuda_stream] = primers
+        else:
+            _PRIMERS.pop(stream.cuda_stream, None)
+    return any(t is not me for t in primers)
+
+
 class WarmSet:
     """The step families warmed on each host thread, for the caches of one model (GraphCache's `warmed`):
     `key in s` and `s.add(key)` see only the calling thread's families. Kept in thread-local storage, so a
@@ -412,10 +440,9 @@ def prime_workspace(stream) -> None:
     the bytes this reserves are added to PRIMED_BYTES. No-op for None or off CUDA."""
     if stream is None:
         return
-    primed = _primed_here()
-    if stream.cuda_stream in primed:
+    if stream.cuda_stream in _primed_here():
         return
-    primed.add(stream.cuda_stream)
+    _note_primed(stream)
     device = stream.device
     before = torch.cuda.memory_reserved(device)
     with torch.cuda.stream(stream):
