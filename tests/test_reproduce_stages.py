@@ -768,6 +768,12 @@ def test_a_search_without_a_clean_count_is_an_upper_bound_and_below_the_target_n
     m["runs"][0]["sessions"] = 30                    # at most 29: the target (24) is inside the bracket
     row = claims.sessions("minicpmo45", done_duplex_stages(tmp_path / "b", {"duplex_cadence": cadence}))
     assert (row.ours_text, row.verdict) == ("<= 29 (30 missed 641/812)", "open")
+    m["prepare"] = "learned:128"                     # learned from the other half of the recordings: not an oracle
+    e = done_duplex_stages(tmp_path / "c", {"duplex_cadence": cadence})
+    assert claims.sessions("minicpmo45", e).verdict == "open"
+    lines = document.sessions_section({"workloads": {"minicpmo45": e}, "state": {}}, [], "")
+    assert "unseen scripts, learned:128 graphs learned from the other recordings" in row_of("\n".join(lines), "",
+                                                                                            "minicpmo45")
 
 
 def _mode_runs(best, counts_misses) -> dict:

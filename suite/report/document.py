@@ -142,6 +142,8 @@ def sessions_section(data: dict, files: list[str], prefix: str) -> list[str]:
         oracle = ((duplex_figures(e, w, ("duplex_oracle",)) or {}).get("modes") or {}).get("cadence")
         how = ("oracle graphs" if fc and fc.get("oracle") else "unseen scripts" if fc and fc.get("unseen")
                else "one shared script")
+        if how == "unseen scripts" and str(fc.get("prepare") or "").startswith("learned:"):
+            how += f", {fc['prepare']} graphs learned from the other recordings"
         missing = "".join(f"; {m}: {status(e, h)}" for m, h in (("stock", "duplex_stock"), ("cadence", "duplex_cadence"))
                           if m not in d["modes"])
         rows.append([w, limit_text(fs), limit_text(fc), ratio_text(*ratio_bounds(fs, fc)), how,

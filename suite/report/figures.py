@@ -163,7 +163,7 @@ def mode_figures(mode_record: dict, seconds, ar) -> dict:
     return {"speak_vs_period_pct_mean": pct(met.get("speak_frac_mean")),
             "speak_vs_period_pct_p99": pct(met.get("speak_frac_p99")), "miss_rate": met.get("miss_rate"),
             "max_sessions_zero_miss": best, "first_missed": first, "seconds": seconds, "ar": ar,
-            "oracle": is_oracle(mode_record)}
+            "oracle": is_oracle(mode_record), "prepare": mode_record.get("prepare")}
 
 
 def duplex_figures(entries: dict, workload: str | None = None, harnesses=("duplex_stock", "duplex_cadence")) -> dict | None:
