@@ -274,7 +274,9 @@ def test_a_running_stage_s_last_log_line_is_relayed(tmp_path, monkeypatch):
     code = "import time; print('unit 3 of 40', flush=True); time.sleep(1.5)"
     out = run_process(["timeit", "-n", "1", code], tmp_path / "s", 30.0, label="w.duplex_cadence: ",
                       relay=relayed.append)
-    assert out.status == "done" and "  | w.duplex_cadence: unit 3 of 40" in relayed
+    assert out.status == "done" and relayed[0] == "  | w.duplex_cadence: unit 3 of 40"
+    assert relayed.count(relayed[0]) == 1 and len(relayed) >= 2        # a line once, then that the stage runs
+    assert all(r.startswith("  | w.duplex_cadence: (running ") and r.endswith(" s, no new line)") for r in relayed[1:])
     assert records.instant(out.started_utc) < records.instant(out.ended_utc)
 
 
