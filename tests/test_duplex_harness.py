@@ -452,6 +452,8 @@ def test_cli_learned_prepare_runs_sessions_on_the_serve_recordings_with_the_lear
     serve = workloads.traffic.split()[1]
     assert all(a["window"].split(":", 1)[1].split("/")[0] in serve for a in run["admission"])
     assert all(a["prepared"]["learned"] is not None for a in run["admission"])
+    refs = rec["workloads"]["fake"]["modes"]["cadence"]["references"]
+    assert refs["sessions"] == 3 and refs["prepare"] == "voice"       # graphs change no byte: prepare(None) only
 
 
 @pytest.mark.parametrize("flags, message", [

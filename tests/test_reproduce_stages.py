@@ -274,7 +274,9 @@ def test_a_running_stage_s_last_log_line_is_relayed(tmp_path, monkeypatch):
     code = "import time; print('unit 3 of 40', flush=True); time.sleep(1.5)"
     out = run_process(["timeit", "-n", "1", code], tmp_path / "s", 30.0, label="w.duplex_cadence: ",
                       relay=relayed.append)
-    assert out.status == "done" and "  | w.duplex_cadence: unit 3 of 40" in relayed
+    assert out.status == "done" and relayed[0] == "  | w.duplex_cadence: unit 3 of 40"
+    assert relayed.count(relayed[0]) == 1 and len(relayed) >= 2        # a line once, then that the stage runs
+    assert all(r.startswith("  | w.duplex_cadence: (running ") and r.endswith(" s, no new line)") for r in relayed[1:])
     assert records.instant(out.started_utc) < records.instant(out.ended_utc)
 
 
@@ -768,12 +770,15 @@ def test_a_search_without_a_clean_count_is_an_upper_bound_and_below_the_target_n
     m["runs"][0]["sessions"] = 30                    # at most 29: the target (24) is inside the bracket
     row = claims.sessions("minicpmo45", done_duplex_stages(tmp_path / "b", {"duplex_cadence": cadence}))
     assert (row.ours_text, row.verdict) == ("<= 29 (30 missed 641/812)", "open")
+    m["runs"][0].update(graph_bytes_per_session_max=70 * 2 ** 20, captures_during_cadence=398,
+                        captures_inside_timed_units=0, eager_fallbacks_during_cadence=307)
     m["prepare"] = "learned:128"                     # learned from the other half of the recordings: not an oracle
     e = done_duplex_stages(tmp_path / "c", {"duplex_cadence": cadence})
     assert claims.sessions("minicpmo45", e).verdict == "open"
     lines = document.sessions_section({"workloads": {"minicpmo45": e}, "state": {}}, [], "")
-    assert "unseen scripts, learned:128 graphs learned from the other recordings" in row_of("\n".join(lines), "",
-                                                                                            "minicpmo45")
+    line = row_of("\n".join(lines), "", "minicpmo45")
+    assert "| unseen scripts, learned:128 graphs learned from the other recordings | — | N=30: 70 MiB, 398 captures " \
+           "(0 in a timed unit), 307 eager steps |" in line
 
 
 def _mode_runs(best, counts_misses) -> dict:

@@ -21,7 +21,8 @@ a session's recording was seen; `--prepare oracle` also captures its own script'
 (foreknowledge: labelled, never the headline). Policies: "edf" (one thread; slack jobs in idle time, or
 `--slack after`: right after the unit) or "threads" (a thread and a CUDA stream per session; sessions that are
 not `concurrent` hold their model instance's lock around the tail and their slack captures). Every session's bytes are compared with the same
-session run alone (the first `--reference-sessions`; all by default). Writes --out/duplex.json (checkpointed
+session run alone (the first `--reference-sessions`; all by default; with `learned:K` the references capture
+`prepare(None)` only: graphs change no byte). Writes --out/duplex.json (checkpointed
 after every count, verdict PARTIAL until the end). Exit status: 0 VALID, EXIT_INVALID (1) for a complete
 INVALID record, 2 for bad arguments.
 """
@@ -85,6 +86,9 @@ class ModeSearch:
         self.ctx, self.mode, self.search, self.policy, self.prepare = ctx, mode, search, policy, prepare
         self.runs, self.refs, self.pool, self.reasons, self.notes = [], {}, [], [], []
         self.per_session_bytes, self.build_s, self.ref_s = None, [], []
+        # a learned graph set changes no byte, only what replays: references capture prepare(None) only, so
+        # they cost a learned capture set less and compare its replays with mostly eager steps
+        self.reference_prepare = "voice" if learned_graphs(prepare) else prepare
 
     def estimate_s(self, n: int) -> float:
         tr, c = self.ctx["traffic"], self.ctx
@@ -115,7 +119,7 @@ class ModeSearch:
             if p.key not in self.refs:
                 t = time.monotonic()
                 self.refs[p.key] = reference(c["workload"], self.mode, p, c["model"], c["adapter"], c["spec"],
-                                             c["ar"], c["device"], self.prepare)
+                                             c["ar"], c["device"], self.reference_prepare)
                 self.ref_s.append(time.monotonic() - t)
         try:
             run = run_sessions(c["workload"], self.mode, session_plans, model=c["model"], adapter=c["adapter"],
@@ -144,6 +148,7 @@ class ModeSearch:
         out = {"runs": self.runs, "max_zero_miss_sessions": max_zero_miss(self.runs), "prepare": self.prepare,
                "policy": self.policy, "search": self.search.to_dict(),
                "references": {"sessions": len(self.refs), "limit": self.ctx["reference_sessions"],
+                              "prepare": self.reference_prepare,
                               "digests": {str(k): _digest(v) for k, v in self.refs.items()},
                               "first_session_units": self.refs.get(next(iter(self.refs), None))},
                "admission": {"budget_bytes": self.ctx["budget_bytes"], "model_bytes": self.ctx["model_bytes"],

@@ -146,8 +146,12 @@ def sessions_section(data: dict, files: list[str], prefix: str) -> list[str]:
             how += f", {fc['prepare']} graphs learned from the other recordings"
         missing = "".join(f"; {m}: {status(e, h)}" for m, h in (("stock", "duplex_stock"), ("cadence", "duplex_cadence"))
                           if m not in d["modes"])
+        g = (fc or {}).get("graphs")
+        graphs = DASH if not g else (f"N={g['sessions']}: {g['graph_mib_per_session_max']:.0f} MiB, {g['captures']} "
+                                     f"captures ({g['captures_inside_timed_units']} in a timed unit), "
+                                     f"{g['eager_steps']} eager steps")
         rows.append([w, limit_text(fs), limit_text(fc), ratio_text(*ratio_bounds(fs, fc)), how,
-                     limit_text(oracle) if oracle else DASH,
+                     limit_text(oracle) if oracle else DASH, graphs,
                      " / ".join(fmt(m.get("speak_vs_period_pct_mean"), "+.1f") for m in (fs or {}, fc or {})),
                      ", ".join(d["files"]) + "".join(f"; {m}: {mark}" for m, mark in d["marks"].items()) + missing
                      + timed_note(e, ("duplex_stock", "duplex_cadence")) + (f"; {d['error']}" if d["error"] else "")])
@@ -159,7 +163,8 @@ def sessions_section(data: dict, files: list[str], prefix: str) -> list[str]:
            "never as the headline.", ""]
     out += [f"![sessions]({prefix}{f})" for f in files] + ([""] if files else [])
     return out + [table(rows, ["workload", "stock sessions", "DuplexCadence sessions", "cadence / stock", "scripts",
-                               "with oracle graphs", "1 session mean SPEAK vs 1 s, stock / cadence (%)", "records"])
+                               "with oracle graphs", "DuplexCadence graphs: most per session, captures, eager",
+                               "1 session mean SPEAK vs 1 s, stock / cadence (%)", "records"])
                   if rows else "No duplex stage done.", ""]
 
 

@@ -144,7 +144,9 @@ def is_oracle(mode_record: dict) -> bool:
 def mode_figures(mode_record: dict, seconds, ar) -> dict:
     """One duplex mode's figures: the one-session run's mean and p99 SPEAK time as a percentage over (+) or
     under (-) the 1 s cadence and its miss rate, the largest count with zero misses (derived from the runs;
-    runs not run to the end of their time left out) and the first larger count that missed or was refused."""
+    runs not run to the end of their time left out), the first larger count that missed or was refused, and
+    "graphs": at the largest count that ran, the most graph MiB one session held and the captures (inside timed
+    units too) and eager steps during the cadence (None for records without them)."""
     runs = [r for r in mode_record.get("runs") or [] if isinstance(r, dict) and type(r.get("sessions")) is int]
     solo = next((r for r in runs if r["sessions"] == 1 and not r.get("refused")), None)
     met = (solo or {}).get("metrics") or {}
@@ -160,10 +162,16 @@ def mode_figures(mode_record: dict, seconds, ar) -> dict:
         m = missed[0].get("metrics") or {}
         first = {"sessions": missed[0]["sessions"], "refused": bool(missed[0].get("refused")),
                  "misses": m.get("misses"), "units": m.get("units_run")}
+    ran = [r for r in runs if not r.get("refused") and isinstance(r.get("metrics"), dict)]
+    top = max(ran, key=lambda r: r["sessions"], default=None)
+    graphs = None if top is None or "graph_bytes_per_session_max" not in top else {
+        "sessions": top["sessions"], "graph_mib_per_session_max": top["graph_bytes_per_session_max"] / 2 ** 20,
+        "captures": top.get("captures_during_cadence"), "captures_inside_timed_units":
+            top.get("captures_inside_timed_units"), "eager_steps": top.get("eager_fallbacks_during_cadence")}
     return {"speak_vs_period_pct_mean": pct(met.get("speak_frac_mean")),
             "speak_vs_period_pct_p99": pct(met.get("speak_frac_p99")), "miss_rate": met.get("miss_rate"),
             "max_sessions_zero_miss": best, "first_missed": first, "seconds": seconds, "ar": ar,
-            "oracle": is_oracle(mode_record), "prepare": mode_record.get("prepare")}
+            "oracle": is_oracle(mode_record), "prepare": mode_record.get("prepare"), "graphs": graphs}
 
 
 def duplex_figures(entries: dict, workload: str | None = None, harnesses=("duplex_stock", "duplex_cadence")) -> dict | None:

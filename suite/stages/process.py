@@ -25,7 +25,7 @@ from typing import Callable
 from suite.records import EXIT_UNAVAILABLE, REPO_ROOT, STAGE_TIMESPEC, utc_now
 
 LOG_TAIL_LINES = 20
-RELAY_S = 60.0          # the last line of a running stage's log, relayed this often
+RELAY_S = 60.0          # the last line of a running stage's log, relayed this often (once; then that it runs)
 OUT = "{out}"           # stands for the stage's folder in a task's argv (the worker makes it)
 
 
@@ -119,7 +119,7 @@ def run_process(argv: list[str], out_dir: Path, timeout_s: float, *, label: str 
                 proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                         start_new_session=True, preexec_fn=_die_with_parent)
                 _LIVE.add(proc.pid)
-            deadline = time.monotonic() + timeout_s
+            deadline, t0, relayed = time.monotonic() + timeout_s, time.monotonic(), None
             while True:
                 try:
                     rc = proc.wait(timeout=max(0.0, min(RELAY_S, deadline - time.monotonic())))
@@ -132,7 +132,9 @@ def run_process(argv: list[str], out_dir: Path, timeout_s: float, *, label: str 
                                        f"--resume and a larger --stage-budget-s", argv, _tail(log), started,
                                        utc_now(STAGE_TIMESPEC))
                     if relay is not None and (last := _tail(log, 1)):
-                        relay(f"  | {label}{last[0]}")
+                        fresh, relayed = last[0] != relayed, last[0]
+                        relay(f"  | {label}{last[0]}" if fresh else
+                              f"  | {label}(running {time.monotonic() - t0:.0f} s, no new line)")
         except BaseException:                        # Ctrl-C or the sitting's own exit: the stage goes too
             if proc is not None:
                 try:
