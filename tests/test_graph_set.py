@@ -40,3 +40,11 @@ def test_a_unit_runs_eagerly_when_one_of_its_signatures_was_never_captured_and_i
     assert graph_set.eager_units(script, {"a"}) == (2, 3)          # the units that first meet b, then c
     assert graph_set.eager_units(script, set()) == (3, 3)
     assert graph_set.eager_units(script, {"a", "b", "c", "d"}) == (0, 4)
+
+
+def test_signatures_rank_by_how_many_scripts_meet_them_once_per_script_ties_by_first_occurrence():
+    from suite.measure.duplex_run import ranked
+    scripts = [["b", "a", "a", "a"], ["c", "a"], ["c"], ["d", "b"]]
+    assert ranked(scripts) == ["b", "a", "c", "d"]        # b, a, c in 2 scripts each (first met in that order); d in 1
+    assert ranked([["a", "a", "a"], ["b"], ["b"]]) == ["b", "a"]       # a script meeting a three times counts once
+    assert ranked([]) == []

@@ -119,14 +119,18 @@ class FakeGraph:
     """Stands for torch.cuda.CUDAGraph in the check of what a closed session leaves alive."""
 
 
+def keeps_on_close(make, kept: list) -> type:
+    """A fake session that leaves `make()` in `kept` when it closes: what a leak looks like from outside."""
+    class Keeps(fakes.FakeSession):
+        def close(self):
+            if not self.closed:
+                kept.append(make())
+            super().close()
+    return Keeps
+
+
 GRAPHS_KEPT: list = []
-
-
-class KeepsAGraphOnClose(fakes.FakeSession):
-    def close(self):
-        if not self.closed:
-            GRAPHS_KEPT.append(FakeGraph())
-        super().close()
+KeepsAGraphOnClose = keeps_on_close(FakeGraph, GRAPHS_KEPT)
 
 
 class OneThreadAtATime(fakes.FakeSession):
@@ -202,13 +206,7 @@ class FakeReservation:
 
 
 RESERVATIONS_KEPT: list = []
-
-
-class LeavesItsArenaMapped(fakes.FakeSession):
-    def close(self):
-        if not self.closed:
-            RESERVATIONS_KEPT.append(FakeReservation())
-        super().close()
+LeavesItsArenaMapped = keeps_on_close(FakeReservation, RESERVATIONS_KEPT)
 
 
 def test_memory_a_closed_session_leaves_mapped_in_vmm_ranges_is_counted(monkeypatch):

@@ -117,3 +117,5 @@ def test_traffic_drawn_from_some_recordings_has_windows_of_those_only():
     assert {a.window.recording for a in arrivals} <= set(serve) and len({a.window for a in arrivals}) == 40
     with pytest.raises(ValueError, match="recordings_in: no 60-unit window in"):
         traffic.traffic("flow_hift", 2, recordings_in=("not-a-recording",))
+    with pytest.raises(ValueError, match="recordings_in: expected a collection of recording names, got the string"):
+        traffic.traffic("flow_hift", 2, recordings_in=serve[0])           # would match substrings of names

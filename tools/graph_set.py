@@ -79,14 +79,10 @@ def coverage(name: str, units: int, budgets: list[int]) -> dict:
         except Exception:  # noqa: BLE001  (refused scripts are reported by workload_set)
             continue
         by_rec.setdefault(w.recording, []).append(script)
+    from suite.measure.duplex_run import ranked as rank
+
     learn, serve = traffic.split()
-    count, first = Counter(), {}
-    for rec in learn:
-        for sc in by_rec.get(rec, []):
-            for sig in dict.fromkeys(s for sigs in sc for s in sigs):     # once per script
-                count[sig] += 1
-                first.setdefault(sig, len(first))
-    ranked = sorted(count, key=lambda sig: (-count[sig], first[sig]))
+    ranked = rank((s for sigs in sc for s in sigs) for rec in learn for sc in by_rec.get(rec, []))
     plans = {f"top {k}": set(ranked[:k]) for k in budgets}
     if wl.architecture == "flow_hift":
         from duplexcadence.adapters.flow_hift.plan import steady_signatures

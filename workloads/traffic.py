@@ -126,6 +126,8 @@ def traffic(architecture: str, sessions: int, *, units: int = 60, seed: int = 0,
         raise ValueError(f"sessions: expected an int >= 1, got {sessions!r}")
     if not isinstance(join_within_s, (int, float)) or isinstance(join_within_s, bool) or join_within_s < 0:
         raise ValueError(f"join_within_s: expected seconds >= 0, got {join_within_s!r}")
+    if isinstance(recordings_in, str):
+        raise ValueError(f"recordings_in: expected a collection of recording names, got the string {recordings_in!r}")
     pool = [w for w in windows(units) if recordings_in is None or w.recording in recordings_in]
     if not pool:
         raise ValueError(f"recordings_in: no {units}-unit window in {recordings_in!r}")

@@ -105,15 +105,22 @@ def learned_signatures(workload, session, k: int) -> list:
     them)."""
     key = (payload_architecture(workload), pickle.dumps(session.clocks()), k)
     if key not in _LEARNED:
-        learn, count, first = traffic_mod.split()[0], Counter(), {}
-        for w in traffic_mod.windows(LEARN_UNITS):
-            if w.recording in learn:
-                script = traffic_mod.session_script(key[0], w, 0)
-                for sig in oracle_signatures(session, traffic_units(script, float(LEARN_UNITS))):
-                    count[sig] += 1
-                    first.setdefault(sig, len(first))
-        _LEARNED[key] = sorted(count, key=lambda sig: (-count[sig], first[sig]))[:k]
+        learn = traffic_mod.split()[0]
+        _LEARNED[key] = ranked(
+            oracle_signatures(session, traffic_units(traffic_mod.session_script(key[0], w, 0), float(LEARN_UNITS)))
+            for w in traffic_mod.windows(LEARN_UNITS) if w.recording in learn)[:k]
     return list(_LEARNED[key])
+
+
+def ranked(scripts) -> list:
+    """Signatures by how many of `scripts` (each an iterable of signatures) meet them, most first, each counted
+    once per script; ties in order of first occurrence."""
+    count, first = Counter(), {}
+    for sigs in scripts:
+        for sig in dict.fromkeys(sigs):
+            count[sig] += 1
+            first.setdefault(sig, len(first))
+    return sorted(count, key=lambda sig: (-count[sig], first[sig]))
 
 
 def open_entry(workload, mode, model, adapter, spec, ar, device, name, units, prepare) -> PoolEntry:

@@ -29,7 +29,9 @@ short table is printed last. Exit status 0 only
 with zero differing units, zero exceptions, flat memory and nothing left in force (bind patches, leased
 capture streams); EXIT_INVALID (1) otherwise; 2 for bad arguments. The CUDA graphs still alive once every
 session closed are counted (checks.cuda_graphs_alive_after), and so is the physical memory still mapped in
-arenas' CUDA virtual ranges (checks.vmm_mapped_mib_after); neither is judged.
+arenas' CUDA virtual ranges (checks.vmm_mapped_mib_after); neither is judged. Last, memory.residue: what torch
+still holds allocated on the device (of it, the cuBLAS / cuBLASLt workspaces), with the allocation sites of those
+blocks under --memory-sites (every allocation's Python stack recorded: slower).
 """
 from __future__ import annotations
 
