@@ -456,9 +456,29 @@ def test_cli_learned_prepare_runs_sessions_on_the_serve_recordings_with_the_lear
     assert refs["sessions"] == 3 and refs["prepare"] == "voice"       # graphs change no byte: prepare(None) only
 
 
+def test_cli_recordings_serve_runs_stock_on_the_serve_half_without_graphs(tmp_path, fake, monkeypatch):
+    """--recordings serve: stock sessions play the recordings a learned cadence run plays, none of the learn half."""
+    wl = fakes.workload()
+    monkeypatch.setattr(workloads, "get", lambda name: wl)
+    monkeypatch.setattr(workloads, "names", lambda: ["fake"])
+    monkeypatch.setattr(scheduler, "MonotonicClock", FakeClock)
+    out = tmp_path / "out"
+    duplex.main(["--workload", "fake", "--device", "cpu", "--ar", "none", "--modes", "stock", "--sessions", "3",
+                 "--seconds", "4", "--recordings", "serve", "--out", str(out)])
+    rec = json.loads((out / "duplex.json").read_text())
+    assert rec["parameters"]["recordings"] == "serve" and rec["parameters"]["prepare"] == "voice"
+    run = rec["workloads"]["fake"]["modes"]["stock"]["runs"][0]
+    learn, serve = workloads.traffic.split()
+    names = [a["window"].split(":", 1)[1].split("/")[0] for a in run["admission"]]
+    assert len(names) == 3 and all(n in serve and n not in learn for n in names)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--prepare", "learned:0"], "--prepare"),
     (["--prepare", "learned:4", "--traffic", "committed", "--sessions", "1"], "--prepare learned:4: learns from"),
+    (["--prepare", "learned:4", "--recordings", "all"], "--recordings all: --prepare learned:4"),
+    (["--recordings", "serve", "--traffic", "committed", "--sessions", "1"], "--recordings serve: chooses"),
+    (["--recordings", "half"], "--recordings"),
 ])
 def test_cli_refuses_a_learned_prepare_it_cannot_run(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exc:

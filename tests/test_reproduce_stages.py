@@ -402,15 +402,20 @@ def test_plan_of_the_registry_skips_what_cannot_run(monkeypatch):
         plans.plan(["fake"], ["speed"], "cuda")
 
 
-@pytest.mark.parametrize("workload_name, harness, start, policy", [
-    pytest.param("minicpmo45", "duplex_cadence", 24, "threads", id="minicpmo45-cadence"),
-    pytest.param("minicpmo45", "duplex_stock", 2, "edf", id="minicpmo45-stock"),
-    pytest.param("minicpmo45", "duplex_oracle", 24, "threads", id="minicpmo45-oracle"),
-    pytest.param("moshi", "duplex_cadence", 32, None, id="moshi-cadence"),
-    pytest.param("qwen3_omni", "duplex_stock", 8, None, id="qwen3-stock"),
-    pytest.param("nosuch", "duplex_cadence", 1, None, id="default"),
+@pytest.mark.parametrize("workload_name, harness, start, policy, prepare, recordings", [
+    pytest.param("minicpmo45", "duplex_cadence", 24, "threads", "learned:64", None, id="minicpmo45-cadence"),
+    pytest.param("minicpmo45", "duplex_stock", 2, "edf", "voice", "serve", id="minicpmo45-stock"),
+    pytest.param("minicpmo45", "duplex_oracle", 24, "threads", "oracle", None, id="minicpmo45-oracle"),
+    pytest.param("stepaudio2_mini", "duplex_cadence", 8, None, "learned:64", None, id="stepaudio2-cadence"),
+    pytest.param("stepaudio2_mini", "duplex_stock", 2, None, "voice", "serve", id="stepaudio2-stock"),
+    pytest.param("moshi", "duplex_cadence", 32, None, "voice", None, id="moshi-cadence"),
+    pytest.param("qwen3_omni", "duplex_stock", 8, None, "voice", None, id="qwen3-stock"),
+    pytest.param("nosuch", "duplex_cadence", 1, None, "voice", None, id="default"),
 ])
-def test_duplex_stage_runs_one_mode_by_the_search_within_its_budget(workload_name, harness, start, policy):
+def test_duplex_stage_runs_one_mode_by_the_search_within_its_budget(workload_name, harness, start, policy, prepare,
+                                                                    recordings):
+    """The flow-matching cadence stages capture a learned graph set and their stock stages play the same
+    (serve) recordings; the oracle stage's --prepare oracle comes last, so it wins over the learned set."""
     argv = plans.stage_argv(Stage(workload_name, harness, 560.0), "out", {**OPTIONS, "device": "cuda"})
     mode = "stock" if harness == "duplex_stock" else "cadence"
     assert argv[0] == "suite.measure.duplex" and argv[argv.index("--modes") + 1] == mode
@@ -419,7 +424,7 @@ def test_duplex_stage_runs_one_mode_by_the_search_within_its_budget(workload_nam
     args = duplex_harness.build_parser().parse_args(argv[1:])          # the harness accepts what the stage passes
     assert args.modes == [mode] and args.seconds == 60 and args.start == start and args.sessions is None
     assert args.budget_s == 560.0 - plans.DUPLEX_MARGIN_S and args.traffic == "voxconverse"
-    assert args.prepare == ("oracle" if harness == "duplex_oracle" else "voice")
+    assert args.prepare == prepare and args.recordings == recordings
     small = duplex_harness.build_parser().parse_args(plans.stage_argv(Stage(workload_name, harness, 120.0), "out",
                                                                       {**OPTIONS, "device": "cuda"})[1:])
     assert small.budget_s == 60.0                                      # a small stage budget: half of it

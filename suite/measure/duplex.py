@@ -226,7 +226,7 @@ def run(args, command: list[str] | None = None) -> dict:
     policies = {m: (args.stock_policy if (m == "stock" and args.stock_policy) else args.policy) for m in args.modes}
     starts = {m: (args.stock_start if (m == "stock" and args.stock_start) else args.start) for m in args.modes}
     traffic = Traffic(args.traffic, args.seconds, args.seed, args.join_within_s, args.variants,
-                      recordings="serve" if learned_graphs(args.prepare) else "all")
+                      recordings=args.recordings or ("serve" if learned_graphs(args.prepare) else "all"))
     prov = env.provenance(command, device=device)
     record = {"schema": DUPLEX_SCHEMA, "provenance": prov, "parameters": {
         "ar": args.ar, "seconds": args.seconds, "policy": policies, "traffic": args.traffic, "seed": args.seed,

@@ -12,7 +12,7 @@ import torch
 import workloads
 from suite.measure import env, scheduler
 from suite.measure.ar_stage import ARSpecError, parse_ar
-from suite.measure.duplex_run import TRAFFICS
+from suite.measure.duplex_run import RECORDINGS, TRAFFICS
 from suite.measure.duplex_session import PREPARES, learned_graphs, parse_sessions, session_units
 
 MODES = ("stock", "cadence")
@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "sessions of the learn half of the recordings meet; sessions then run on the serve half "
                         "only: workloads.traffic.split) or oracle (also the session's own script: foreknowledge, "
                         "labelled)")
+    p.add_argument("--recordings", default=None, choices=RECORDINGS,
+                   help="voxconverse traffic: windows of every recording (all) or of workloads.traffic.split()'s "
+                        "serve half only (serve; what learned:K needs, and the default with it): stock on the "
+                        "serve half plays the traffic a learned cadence run plays")
     p.add_argument("--reference-sessions", type=number(int, 0, strict=False), default=None,
                    help="compare the first K sessions with themselves run alone (default: every session)")
     p.add_argument("--variants", type=number(int, 1, strict=False), default=1,
@@ -140,6 +144,12 @@ def check_args(args: argparse.Namespace) -> None:
     if learned_graphs(args.prepare) and args.traffic != "voxconverse":
         raise usage_error(f"--prepare {args.prepare}: learns from the recordings, so it needs --traffic voxconverse, "
                           f"got {args.traffic!r}")
+    if args.recordings is not None and args.traffic != "voxconverse":
+        raise usage_error(f"--recordings {args.recordings}: chooses VoxConverse recordings, so it needs --traffic "
+                          f"voxconverse, got {args.traffic!r}")
+    if learned_graphs(args.prepare) and args.recordings == "all":
+        raise usage_error(f"--recordings all: --prepare {args.prepare} learns from the learn half, so its sessions "
+                          "play the serve half only (--recordings serve, the default with it)")
     if args.max_sessions is not None and max(args.start, args.stock_start or 1) > args.max_sessions:
         raise usage_error(f"--max-sessions: {args.max_sessions} is below the start count")
     for name in names_of(args.workload):
