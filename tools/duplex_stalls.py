@@ -1,0 +1,84 @@
+"""Where a duplex count's time went: per session count of a duplex record (suite.measure.duplex's duplex.json),
+the SPEAK units that ran a step eagerly (no graph yet) and their tail, the slack captures and the wall time the
+slack spent on them (a capture under the "exclusive" capture gate waits for every other session's unit in
+progress and holds new ones back until it ends: duplexcadence.gate), and how late units started.
+
+    python tools/duplex_stalls.py RECORD_OR_FOLDER [...] [--json OUT]
+
+Prints one row per (record, workload, mode, count); --json also writes the rows. Reads the records only (host,
+no device). Exit status 0, 2 for a path that holds no duplex.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from tabulate import tabulate
+
+COLUMNS = ("record", "workload", "mode", "sessions", "capture_gate", "prepare", "wall_s", "speak_units", "missed",
+           "eager_units", "missed_eager", "eager_tail_ms_p50", "eager_tail_s_sum", "replay_tail_ms_p50",
+           "replay_tail_ms_p90", "slack_captures", "slack_capture_wall_s", "ms_per_slack_capture",
+           "start_delay_ms_p50", "start_delay_ms_p90")
+
+
+def _units(run: dict) -> list[dict]:
+    cols = run["units"]["columns"]
+    return [dict(zip(cols, row)) for row in run["units"]["rows"]]
+
+
+def _p(values, q):
+    return float(np.percentile(values, q)) if values else None
+
+
+def rows_of(path: Path) -> list[dict]:
+    """The rows of one duplex.json. Raises FileNotFoundError for a path without one."""
+    file = path / "duplex.json" if path.is_dir() else path
+    rec = json.loads(file.read_text())
+    params, out = rec.get("parameters", {}), []
+    for name, w in rec["workloads"].items():
+        for mode, m in w["modes"].items():
+            for run in m["runs"]:
+                speak = [u for u in _units(run) if u["kind"] == "SPEAK" and u["service_ms"] is not None]
+                eager = [u for u in speak if u["eager_fallbacks"]]
+                replay = [u["tail_ms"] for u in speak if not u["eager_fallbacks"]]
+                slack = [u for u in speak if u.get("slack_captures")]
+                caps = sum(u["slack_captures"] for u in slack)
+                cap_s = sum(u["slack_ms"] or 0.0 for u in slack) / 1000
+                delay = [u["start_ms"] - u["release_ms"] for u in speak]
+                out.append({
+                    "record": file.parent.name, "workload": name, "mode": mode, "sessions": run["sessions"],
+                    "capture_gate": params.get("capture_gate", "exclusive"), "prepare": run.get("prepare"),
+                    "wall_s": run["wall_s"], "speak_units": len(speak), "missed": sum(bool(u["miss"]) for u in speak),
+                    "eager_units": len(eager), "missed_eager": sum(bool(u["miss"]) for u in eager),
+                    "eager_tail_ms_p50": _p([u["tail_ms"] for u in eager], 50),
+                    "eager_tail_s_sum": sum(u["tail_ms"] for u in eager) / 1000,
+                    "replay_tail_ms_p50": _p(replay, 50), "replay_tail_ms_p90": _p(replay, 90),
+                    "slack_captures": caps, "slack_capture_wall_s": cap_s,
+                    "ms_per_slack_capture": 1000 * cap_s / caps if caps else None,
+                    "start_delay_ms_p50": _p(delay, 50), "start_delay_ms_p90": _p(delay, 90)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("records", nargs="+", type=Path, help="duplex.json files or folders holding one")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = p.parse_args(argv)
+    rows = []
+    for path in args.records:
+        try:
+            rows += rows_of(path)
+        except FileNotFoundError:
+            p.error(f"records: {str(path)!r} holds no duplex.json")
+    print(tabulate([[r[c] for c in COLUMNS] for r in rows], headers=COLUMNS, floatfmt=".0f"))
+    if args.json:
+        args.json.write_text(json.dumps({"command": ["python", "tools/duplex_stalls.py", *map(str, args.records)],
+                                         "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
