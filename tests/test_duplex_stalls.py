@@ -37,4 +37,4 @@ def test_a_record_s_capture_gate_is_read_and_a_path_without_a_record_exits_2(tmp
     assert row["capture_gate"] == "overlap" and row["ms_per_slack_capture"] is None
     with pytest.raises(SystemExit) as exc:
         duplex_stalls.main([str(tmp_path / "nothing")])
-    assert exc.value.code == 2 and "holds no duplex.json" in capsys.readouterr().err
+    assert exc.value.code == 2 and "nor a folder holding one" in capsys.readouterr().err

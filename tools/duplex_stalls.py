@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows += rows_of(path)
         except FileNotFoundError:
-            p.error(f"records: {str(path)!r} holds no duplex.json")
+            p.error(f"records: {str(path)!r} is not a duplex.json nor a folder holding one")
     print(tabulate([[r[c] for c in COLUMNS] for r in rows], headers=COLUMNS, floatfmt=".0f"))
     if args.json:
         args.json.write_text(json.dumps({"command": ["python", "tools/duplex_stalls.py", *map(str, args.records)],
