@@ -156,6 +156,26 @@ def test_threads_slack_runs_after_each_unit_on_its_thread_never_after_the_last()
     assert all(not (r.start_s < j.end_s and j.start_s < r.end_s) for r in rec for j in jobs)
 
 
+def test_threads_on_join_opens_at_the_phase_before_the_first_unit_and_units_released_meanwhile_start_late():
+    """A session that joins at 0.5 s and takes 1.8 s to open (its on_join): its unit 0 (released at 0.5) and
+    unit 1 (1.5) start once the open ends at 2.3; unit 2 (2.5) on time. The join is timed; edf refuses it."""
+    clock, log = FakeClock(), []
+
+    def open_():
+        clock.t += 1.8
+        log.append(("open", clock.t))
+
+    sched = CadenceScheduler(period_s=PERIOD, policy="threads", clock=clock)
+    sched.admit(dataclasses.replace(slot("a", [0.1, 0.1, 0.1], clock, log, phase=0.5), on_join=open_))
+    rec = sched.run()
+    assert log[0] == ("open", pytest.approx(2.3)) and sched.join_timings == [(0, 0.5, pytest.approx(2.3))]
+    assert [r.start_s for r in rec] == [pytest.approx(2.3), pytest.approx(2.4), pytest.approx(2.5)]
+    assert [r.miss for r in rec] == [True, False, False]          # unit 0's deadline was 1.5
+    edf = CadenceScheduler(period_s=PERIOD, clock=FakeClock())
+    with pytest.raises(ScheduleError, match="on_join: expected a callable under policy 'threads'"):
+        edf.admit(dataclasses.replace(slot("b", [0.1], clock), on_join=open_))
+
+
 def test_edf_slack_waits_for_idle_time_and_a_later_job_supersedes_a_queued_one():
     """b's unit 0 is released while a's job would run: the unit goes first. a's jobs queue until the scheduler is
     idle; the second replaces the first (dropped); an idle job that runs past the next release is an overrun."""

@@ -456,6 +456,30 @@ def test_cli_learned_prepare_runs_sessions_on_the_serve_recordings_with_the_lear
     assert refs["sessions"] == 3 and refs["prepare"] == "voice"       # graphs change no byte: prepare(None) only
 
 
+def test_cli_open_at_join_opens_each_session_at_its_join_on_its_thread_and_keeps_its_bytes(tmp_path, fake, monkeypatch):
+    """--open-at join: each session is built and prepared at its join time (after the first joins at 0), its
+    admission row says when, its captures at open are not counted as captures during the cadence, and every
+    session's bytes equal the same session alone."""
+    wl = fakes.workload()
+    monkeypatch.setattr(workloads, "get", lambda name: wl)
+    monkeypatch.setattr(workloads, "names", lambda: ["fake"])
+    monkeypatch.setattr(scheduler, "MonotonicClock", FakeClock)
+    out = tmp_path / "out"
+    duplex.main(["--workload", "fake", "--device", "cpu", "--ar", "none", "--modes", "cadence", "--sessions", "3",
+                 "--seconds", "4", "--policy", "threads", "--open-at", "join", "--out", str(out)])
+    rec = json.loads((out / "duplex.json").read_text())
+    assert rec["parameters"]["open_at"] == "join" and not any("differ" in r for r in rec["invalid_reasons"])
+    run = rec["workloads"]["fake"]["modes"]["cadence"]["runs"][0]
+    rows = run["admission"]
+    assert [r["session"] for r in rows] == [0, 1, 2]
+    assert all(r["opened_at_s"] is not None and r["opened_at_s"] >= r["phase_s"] - 1e-6 for r in rows)
+    assert all(r["prepared"]["voice"]["captures"] > 0 for r in rows)
+    cols = run["units"]["columns"]
+    slack = sum(r[cols.index("slack_captures")] or 0 for r in run["units"]["rows"])
+    assert run["captures_during_cadence"] == slack and run["bytes"]["mismatches"] == []   # none of the open's
+    assert run["bytes"]["checked"] == 3
+
+
 def test_cli_recordings_serve_runs_stock_on_the_serve_half_without_graphs(tmp_path, fake, monkeypatch):
     """--recordings serve: stock sessions play the recordings a learned cadence run plays, none of the learn half."""
     wl = fakes.workload()
@@ -479,6 +503,9 @@ def test_cli_recordings_serve_runs_stock_on_the_serve_half_without_graphs(tmp_pa
     (["--prepare", "learned:4", "--recordings", "all"], "--recordings all: --prepare learned:4"),
     (["--recordings", "serve", "--traffic", "committed", "--sessions", "1"], "--recordings serve: chooses"),
     (["--recordings", "half"], "--recordings"),
+    (["--open-at", "join", "--policy", "edf"], "--open-at join: opens each session"),
+    (["--open-at", "join", "--policy", "threads", "--traffic", "committed", "--sessions", "1"], "--open-at join"),
+    (["--open-at", "later"], "--open-at"),
 ])
 def test_cli_refuses_a_learned_prepare_it_cannot_run(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exc:

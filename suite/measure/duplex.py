@@ -126,7 +126,7 @@ class ModeSearch:
                                spec=c["spec"], ar=c["ar"], device=c["device"], policy=self.policy, slack=c["slack"],
                                budget_bytes=budget, probe=c["probe"], progress=c["progress"],
                                pool=self.pool if c["traffic"].kind == "committed" else None, prepare=self.prepare,
-                               clock=c["clock"]())
+                               clock=c["clock"](), open_at=c["open_at"])
         except (scheduler.AdmissionError, torch.OutOfMemoryError) as exc:
             gc.collect()
             release_cached(c["device"])
@@ -170,11 +170,11 @@ def measure_workload(workload, *, device, ar_spec: str, modes=MODES, policy: dic
                      depth: str = "released", steps: int | None = None, budget_mib: float | None = None,
                      seed: int = 0, after_miss: int = 1, progress: bool = True, on_run=None, prepare: str = "voice",
                      slack: str = "idle", reference_sessions: int | None = None, clock=None,
-                     search_clock=time.monotonic) -> dict:
+                     search_clock=time.monotonic, open_at: str = "start") -> dict:
     """Every mode of one workload on one model build, each by its own search (or `counts[mode]`, a fixed list).
     policy, start: one value or {mode: value}. budget_s: wall seconds per mode's search. clock: a factory of the
-    scheduler's Clock per run (None: the wall clock). on_run(record so far): after every count. Returns the
-    workload's record."""
+    scheduler's Clock per run (None: the wall clock). on_run(record so far): after every count. open_at: when
+    each session is opened (duplex_run.run_sessions). Returns the workload's record."""
     device = torch.device(device)
     adapter = runtime.adapter(workload.architecture)
     spec = make_spec(workload, steps)
@@ -187,7 +187,7 @@ def measure_workload(workload, *, device, ar_spec: str, modes=MODES, policy: dic
     ctx = {"workload": workload, "device": device, "adapter": adapter, "spec": spec, "model": model, "ar": ar,
            "probe": probe, "budget_bytes": budget, "model_bytes": model_bytes(model), "traffic": traffic,
            "slack": slack, "reference_sessions": reference_sessions, "progress": progress,
-           "clock": clock or (lambda: None)}
+           "clock": clock or (lambda: None), "open_at": open_at}
     out = {"workload": workload.name, "architecture": workload.architecture, "euler_steps": spec.get("n_timesteps"),
            "ar": ar.describe(), "budget_bytes": budget, "model_bytes": ctx["model_bytes"], "modes": {},
            "invalid_reasons": [], "notes": [], "process_warm_up": {}}
@@ -233,7 +233,7 @@ def run(args, command: list[str] | None = None) -> dict:
         "join_within_s": args.join_within_s, "variants": args.variants, "depth": args.depth, "steps": args.steps,
         "period_s": PERIOD_S, "budget_mib": args.budget_mib, "modes": list(args.modes), "prepare": args.prepare,
         "recordings": traffic.recordings,
-        "slack": args.slack, "reference_sessions": args.reference_sessions,
+        "slack": args.slack, "reference_sessions": args.reference_sessions, "open_at": args.open_at,
         "search": {"start": starts, "grow": args.grow, "max_sessions": args.max_sessions, "budget_s": args.budget_s},
         "sessions": counts, "after_miss": args.after_miss}, "workloads": {}}
     out = Path(args.out)
@@ -255,7 +255,7 @@ def run(args, command: list[str] | None = None) -> dict:
                 traffic=traffic, counts=counts, start=starts, grow=args.grow, max_sessions=args.max_sessions,
                 budget_s=args.budget_s, depth=args.depth, steps=args.steps, budget_mib=args.budget_mib,
                 after_miss=args.after_miss, progress=args.progress, on_run=checkpoint, prepare=args.prepare,
-                slack=args.slack, reference_sessions=args.reference_sessions)
+                slack=args.slack, reference_sessions=args.reference_sessions, open_at=args.open_at)
     reasons = [r for w in record["workloads"].values() for r in w["invalid_reasons"]]
     if prov.get("git_dirty"):
         reasons.append(DIRTY_TREE)

@@ -12,7 +12,7 @@ import torch
 import workloads
 from suite.measure import env, scheduler
 from suite.measure.ar_stage import ARSpecError, parse_ar
-from suite.measure.duplex_run import RECORDINGS, TRAFFICS
+from suite.measure.duplex_run import OPEN_AT, RECORDINGS, TRAFFICS
 from suite.measure.duplex_session import PREPARES, learned_graphs, parse_sessions, session_units
 
 MODES = ("stock", "cadence")
@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="voxconverse traffic: windows of every recording (all) or of workloads.traffic.split()'s "
                         "serve half only (serve; what learned:K needs, and the default with it): stock on the "
                         "serve half plays the traffic a learned cadence run plays")
+    p.add_argument("--open-at", choices=OPEN_AT, default="start",
+                   help="start: every session opened and prepared before the cadence starts (a warm pool); join: "
+                        "each opened and prepared on its own thread at its join time while the others speak "
+                        "(--policy threads, voxconverse traffic)")
     p.add_argument("--reference-sessions", type=number(int, 0, strict=False), default=None,
                    help="compare the first K sessions with themselves run alone (default: every session)")
     p.add_argument("--variants", type=number(int, 1, strict=False), default=1,
@@ -150,6 +154,12 @@ def check_args(args: argparse.Namespace) -> None:
     if learned_graphs(args.prepare) and args.recordings == "all":
         raise usage_error(f"--recordings all: --prepare {args.prepare} learns from the learn half, so its sessions "
                           "play the serve half only (--recordings serve, the default with it)")
+    if args.open_at == "join":
+        used = {m: (args.stock_policy if (m == "stock" and args.stock_policy) else args.policy) for m in args.modes}
+        if any(p != "threads" for p in used.values()) or args.traffic != "voxconverse":
+            raise usage_error(f"--open-at join: opens each session on its own thread while the others speak, so it "
+                              f"needs --policy threads for every mode and --traffic voxconverse; got policies {used} "
+                              f"and --traffic {args.traffic}")
     if args.max_sessions is not None and max(args.start, args.stock_start or 1) > args.max_sessions:
         raise usage_error(f"--max-sessions: {args.max_sessions} is below the start count")
     for name in names_of(args.workload):

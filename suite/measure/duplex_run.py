@@ -170,17 +170,26 @@ def reference(workload, mode, plan: Plan, model, adapter, spec, ar, device, prep
     return out
 
 
+OPEN_AT = ("start", "join")
+
+
 def run_sessions(workload, mode: str, session_plans: list[Plan], *, model, adapter, spec: dict, ar, device,
                  policy: str = "edf", slack: str = "idle", budget_bytes: int | None = None, clock=None,
                  probe: MemoryProbe | None = None, progress: bool = True, pool: list | None = None,
-                 prepare: str = "voice") -> dict:
+                 prepare: str = "voice", open_at: str = "start") -> dict:
     """N = len(session_plans) sessions of one mode on the cadence. Returns the run record (units, metrics,
     admission, memory, per-session capture figures). Raises AdmissionError if a session does not fit (the
     record is not made). Sessions built for this run only are closed however it ends; streams leased for it are
     given back. pool: a list the caller keeps across runs (committed traffic): prepared sessions whose
     start_turn restores the voice's base (turn_state "reset") are taken from it (the first n), new ones added;
-    the caller closes them. slack: "idle" | "after" (edf; suite.measure.scheduler)."""
+    the caller closes them. slack: "idle" | "after" (edf; suite.measure.scheduler). open_at: "start" (every
+    session opened and prepared before the cadence starts) or "join" ("threads" only, no pool: each session is
+    opened and prepared on its own thread at its join time, while the sessions that joined before it speak;
+    its units released meanwhile run late). Raises ValueError for an open_at the policy cannot run."""
     device, n = torch.device(device), len(session_plans)
+    if open_at not in OPEN_AT or (open_at == "join" and (policy != "threads" or pool is not None)):
+        raise ValueError(f"open_at: expected one of {OPEN_AT} ('join' with policy 'threads' and no pool), got "
+                         f"{open_at!r} with policy {policy!r}{' and a pool' if pool is not None else ''}")
     if probe is not None:
         probe.begin_session()
     sched = scheduler.CadenceScheduler(period_s=PERIOD_S, policy=policy, clock=clock, budget_bytes=budget_bytes,
@@ -188,36 +197,60 @@ def run_sessions(workload, mode: str, session_plans: list[Plan], *, model, adapt
     kept = pool is not None
     pool = pool if kept else []
     locks: dict[int, threading.Lock] = {}
-    entries, admission, fresh, streams, before, estimate = [], [], [], [], [], 0
+    entries, admission, fresh, streams, before, estimate = {}, {}, [], [], {}, [0]
+    joined = threading.Lock()
+
+    def ready(s: int, plan: Plan, entry: PoolEntry, reused: bool, opened_s: float | None) -> None:
+        """A built session made ready for the cadence, its admission row written."""
+        estimate[0], drv = entry.nbytes, entry.driver
+        drv.turn = None                    # the run's first SPEAK unit opens a turn
+        locked = policy == "threads" and not drv.session.capabilities.concurrent
+        with joined:
+            drv.tail_lock = (locks.setdefault(id(entry.instance), threading.Lock()) if locked
+                             else contextlib.nullcontext())
+        drv.slack = None
+        if mode != "stock":
+            drv.slack = SlackCapture(drv.session, lock=drv.tail_lock)
+            drv.slack.start()
+        with joined:
+            entries[s], before[s] = entry, drv.session.stats()
+            admission[s] = {"session": s, "footprint_bytes": entry.nbytes, "footprint_how": entry.how,
+                            "phase_s": plan.phase_s, "reused": reused, "tail_lock": locked, "build_s": entry.build_s,
+                            "opened_at_s": opened_s, "prepared": jsonable(drv.prepared), **jsonable(plan.source)}
+
+    def build(s: int, plan: Plan) -> PoolEntry:
+        name = f"{workload.name}/{mode}/{s}"
+        if open_at == "join":                  # the slots hold no bytes yet: the sessions opened so far do
+            with joined:
+                used = sum(e.nbytes for e in entries.values())
+            if budget_bytes is not None and used + estimate[0] > budget_bytes:
+                raise scheduler.AdmissionError(
+                    f"session {s} ({name!r}) needs {estimate[0] / 2**20:.1f} MiB at its join, but only "
+                    f"{(budget_bytes - used) / 2**20:.1f} MiB of the {budget_bytes / 2**20:.1f} MiB budget is left")
+        else:
+            sched.check(name, estimate[0])     # before building: the bytes of the session built last
+        entry = open_entry(workload, mode, model, adapter, spec, ar, device, name, plan.units, prepare)
+        with joined:
+            (pool if entry.driver.session.capabilities.turn_state == "reset" and open_at == "start"
+             else fresh).append(entry)
+        return entry
+
     try:
         for s, plan in enumerate(session_plans):
             name = f"{workload.name}/{mode}/{s}"
-            reused = s < len(pool)
-            if reused:
-                entry = pool[s]
-            else:
-                sched.check(name, estimate)    # before building: the bytes of the session built last
-                entry = open_entry(workload, mode, model, adapter, spec, ar, device, name, plan.units, prepare)
-                (pool if entry.driver.session.capabilities.turn_state == "reset" else fresh).append(entry)
-            estimate, drv = entry.nbytes, entry.driver
-            drv.turn = None                    # the run's first SPEAK unit opens a turn
-            locked = policy == "threads" and not drv.session.capabilities.concurrent
-            drv.tail_lock = (locks.setdefault(id(entry.instance), threading.Lock()) if locked
-                             else contextlib.nullcontext())
-            drv.slack = None
-            if mode != "stock":
-                drv.slack = SlackCapture(drv.session, lock=drv.tail_lock)
-                drv.slack.start()
             stream = graphs.STREAMS.acquire(device) if (policy == "threads" and device.type == "cuda") else None
             if stream is not None:
                 streams.append(stream)
-            sched.admit(scheduler.Slot(name, plan.units, drv.run_unit, has_work, entry.nbytes, plan.phase_s, stream,
-                                       drv.after_unit))
-            entries.append(entry)
-            before.append(drv.session.stats())
-            admission.append({"session": s, "footprint_bytes": entry.nbytes, "footprint_how": entry.how,
-                              "phase_s": plan.phase_s, "reused": reused, "tail_lock": locked, "build_s": entry.build_s,
-                              "prepared": jsonable(drv.prepared), **jsonable(plan.source)})
+            if open_at == "join":
+                joining = _Joining(s, plan, build, ready, sched)
+                sched.admit(scheduler.Slot(name, plan.units, joining.run_unit, has_work, estimate[0], plan.phase_s,
+                                           stream, joining.after_unit, on_join=joining.open))
+                continue
+            reused = s < len(pool)
+            entry = pool[s] if reused else build(s, plan)
+            ready(s, plan, entry, reused, None)
+            sched.admit(scheduler.Slot(name, plan.units, entry.driver.run_unit, has_work, entry.nbytes, plan.phase_s,
+                                       stream, entry.driver.after_unit))
         if device.type == "cuda":
             gate.synchronize(device)
         total = sum(has_work(u) for slot in sched.slots for u in slot.units)
@@ -226,6 +259,8 @@ def run_sessions(workload, mode: str, session_plans: list[Plan], *, model, adapt
         t0 = time.perf_counter()
         timings = sched.run()
         wall_s = time.perf_counter() - t0
+        order = sorted(entries)
+        entries, before, admission = ([d[s] for s in order] for d in (entries, before, admission))
         stats = [e.driver.session.stats() for e in entries]
         capture = [_capture_figures(e, st, mode, model) for e, st in zip(entries, stats)]
     finally:
@@ -252,6 +287,26 @@ def run_sessions(workload, mode: str, session_plans: list[Plan], *, model, adapt
               f"{out['captures_during_cadence']} (inside units {out['captures_inside_timed_units']}), eager first "
               f"occurrences {out['eager_fallbacks_during_cadence'] + out['warmup_runs_during_cadence']}", flush=True)
     return out
+
+
+class _Joining:
+    """A session opened at its join time on its own scheduler thread (run_sessions, open_at "join"): `open` builds
+    and readies it (the slot's on_join), then its units and slack go to its driver."""
+
+    def __init__(self, s, plan, build, ready, sched):
+        self.s, self.plan, self.build, self.ready, self.sched, self.driver = s, plan, build, ready, sched, None
+
+    def open(self) -> None:
+        at = self.sched.clock.now()
+        entry = self.build(self.s, self.plan)
+        self.ready(self.s, self.plan, entry, False, at)
+        self.driver = entry.driver
+
+    def run_unit(self, unit):
+        return self.driver.run_unit(unit)
+
+    def after_unit(self, unit):
+        return self.driver.after_unit(unit)
 
 
 def _capture_figures(entry, stats, mode, model) -> dict:

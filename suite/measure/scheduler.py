@@ -81,6 +81,8 @@ class Slot:
     stream: the CUDA stream this session's thread runs on under "threads" (None: the current stream).
     after_unit(unit) -> job | None: called after each unit with work, outside its timed window (module
     docstring); None: no slack work.
+    on_join() -> None: "threads" only: run on the session's thread (and stream) at `phase_s`, before its first
+    unit (opening the session when it joins); units released meanwhile start late. None: nothing.
     """
     name: str
     units: Sequence[Any]
@@ -90,6 +92,7 @@ class Slot:
     phase_s: float = 0.0
     stream: Any = None
     after_unit: Callable[[Any], Callable[[], Any] | None] | None = None
+    on_join: Callable[[], None] | None = None
 
 
 @dataclass
@@ -162,6 +165,7 @@ class CadenceScheduler:
         self.slack_timings: list[SlackTiming] = []
         self.slack_dropped = 0
         self._slack_lock = threading.Lock()
+        self.join_timings: list = []         # (session, start_s, end_s) of each on_join, "threads"
 
     @property
     def admitted_bytes(self) -> int:
@@ -189,6 +193,9 @@ class CadenceScheduler:
             raise ScheduleError(f"slot {slot.name!r}: phase_s: expected >= 0 seconds, got {slot.phase_s!r}")
         if slot.after_unit is not None and not callable(slot.after_unit):
             raise ScheduleError(f"slot {slot.name!r}: after_unit: expected a callable or None, got {slot.after_unit!r}")
+        if slot.on_join is not None and (not callable(slot.on_join) or self.policy != "threads"):
+            raise ScheduleError(f"slot {slot.name!r}: on_join: expected a callable under policy 'threads' (it runs "
+                                f"on the session's own thread), got {slot.on_join!r} under {self.policy!r}")
         for attr in ("run_unit", "has_work"):
             if not callable(getattr(slot, attr)):
                 raise ScheduleError(f"slot {slot.name!r}: {attr}: expected a callable, got {getattr(slot, attr)!r}")
@@ -220,7 +227,7 @@ class CadenceScheduler:
             by_session[rec.session].append(rec)
         self._last_work = [max((i for i, u in enumerate(slot.units) if slot.has_work(u)), default=-1)
                            for slot in self.slots]
-        self.slack_timings, self.slack_dropped = [], 0
+        self.slack_timings, self.slack_dropped, self.join_timings = [], 0, []
         if self.policy == "edf":
             self._run_edf(by_session)
         else:
@@ -297,6 +304,12 @@ class CadenceScheduler:
             try:
                 ctx = _stream_context(slot.stream)
                 with ctx:
+                    if slot.on_join is not None:
+                        self.clock.sleep_until(slot.phase_s)
+                        start = self.clock.now()
+                        slot.on_join()
+                        with self._slack_lock:
+                            self.join_timings.append((s, start, self.clock.now()))
                     for i, rec in enumerate(recs):
                         if stop.is_set():
                             return
