@@ -1132,4 +1132,8 @@ def test_a_run_of_duplex_stages_only_states_their_gpu_and_commit(tmp_path):
     rec["provenance"].update(git_rev="6b815058e911aa", impl_tree="305010d4b496bb", date_utc="2026-12-02T02:05:55")
     done_duplex_stages(tmp_path, {"duplex_cadence": rec})
     lines = runs.provenance_list(figures.load(tmp_path))
-    assert "- GPU: NVIDIA H200" in lines and "- commit: 6b815058e911" in lines and "- impl/ tree: 305010d4b496" in lines
+    assert "- device: GPU: NVIDIA H200" in lines and "- commit: 6b815058e911" in lines and "- impl/ tree: 305010d4b496" in lines
+    cpu = duplex_part("w", "cadence")
+    cpu["provenance"] = {**rec["provenance"], "device": {"cpu_model": "Intel(R) Xeon(R) Processor"}}
+    done_duplex_stages(tmp_path / "cpu", {"duplex_cadence": cpu})
+    assert "- device: CPU only: Intel(R) Xeon(R) Processor" in runs.provenance_list(figures.load(tmp_path / "cpu"))

@@ -201,7 +201,7 @@ def render(data: dict, refs: dict | None = None, written: dict | None = None, re
              "Verdicts: " + "; ".join(f"**{k}**: {v}" for k, v in VERDICTS.items()) + ".", "",
              "Published: the paper's figures, MiniCPM-o 4.5 at 10 Euler steps on one H200 with the released weights, "
              "the whole SPEAK unit; beside that configuration only. Ours: seeded random weights, the token-to-audio "
-             "tail unless a row says otherwise, on the GPU under Provenance. Stock: the same figure for the stock "
+             "tail unless a row says otherwise, on the device under Provenance. Stock: the same figure for the stock "
              "path (ms per unit, MiB, sessions).", "",
              "## Verdicts", "", verdict_table(rows), "",
              *speed_section(data, written.get("speed", []), prefix),

@@ -165,7 +165,8 @@ def provenance_list(data: dict) -> list[str]:
     def one(label: str, fn) -> str:
         return f"- {label}: " + ("; ".join(str(v) for v in _distinct(recs, fn)) or DASH)
     dates = sorted(str(d) for d in _distinct(recs, lambda r: r["provenance"]["date_utc"]))
-    lines = [one("GPU", lambda r: dev(r).get("gpu_name") or f"CPU: {dev(r).get('cpu_model')}"),
+    lines = [one("device", lambda r: f"GPU: {dev(r)['gpu_name']}" if dev(r).get("gpu_name") else
+                 f"CPU only: {dev(r).get('cpu_model')}"),
              one("driver", lambda r: dev(r).get("driver") or DASH),
              one("torch / CUDA / cuDNN", lambda r: f"{r['provenance']['torch']} / {r['provenance']['cuda']} / "
                                                     f"{r['provenance']['cudnn']}"),
