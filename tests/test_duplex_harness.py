@@ -438,15 +438,20 @@ def test_learned_signatures_rank_what_most_learn_scripts_meet_and_read_no_serve_
     assert duplex_run.learned_signatures(wl, session, 3) == sigs and len(read) == len(walked)   # cached
 
 
-def test_cli_learned_prepare_runs_sessions_on_the_serve_recordings_with_the_learned_graphs(tmp_path, fake, monkeypatch):
+def fake_cli(tmp_path, monkeypatch, *flags) -> dict:
+    """The CLI on the fake workload (CPU, no AR, the fake clock), `flags` after the common ones; its record."""
     wl = fakes.workload()
     monkeypatch.setattr(workloads, "get", lambda name: wl)
     monkeypatch.setattr(workloads, "names", lambda: ["fake"])
     monkeypatch.setattr(scheduler, "MonotonicClock", FakeClock)
     out = tmp_path / "out"
-    duplex.main(["--workload", "fake", "--device", "cpu", "--ar", "none", "--modes", "cadence", "--sessions", "3",
-                 "--seconds", "4", "--prepare", "learned:2", "--out", str(out)])
-    rec = json.loads((out / "duplex.json").read_text())
+    duplex.main(["--workload", "fake", "--device", "cpu", "--ar", "none", *flags, "--out", str(out)])
+    return json.loads((out / "duplex.json").read_text())
+
+
+def test_cli_learned_prepare_runs_sessions_on_the_serve_recordings_with_the_learned_graphs(tmp_path, fake, monkeypatch):
+    rec = fake_cli(tmp_path, monkeypatch, "--modes", "cadence", "--sessions", "3", "--seconds", "4", "--prepare",
+                   "learned:2")
     assert rec["parameters"]["prepare"] == "learned:2" and rec["parameters"]["recordings"] == "serve"
     run = rec["workloads"]["fake"]["modes"]["cadence"]["runs"][0]
     serve = workloads.traffic.split()[1]
@@ -460,14 +465,8 @@ def test_cli_open_at_join_opens_each_session_at_its_join_on_its_thread_and_keeps
     """--open-at join: each session is built and prepared at its join time (after the first joins at 0), its
     admission row says when, its captures at open are not counted as captures during the cadence, and every
     session's bytes equal the same session alone."""
-    wl = fakes.workload()
-    monkeypatch.setattr(workloads, "get", lambda name: wl)
-    monkeypatch.setattr(workloads, "names", lambda: ["fake"])
-    monkeypatch.setattr(scheduler, "MonotonicClock", FakeClock)
-    out = tmp_path / "out"
-    duplex.main(["--workload", "fake", "--device", "cpu", "--ar", "none", "--modes", "cadence", "--sessions", "3",
-                 "--seconds", "4", "--policy", "threads", "--open-at", "join", "--out", str(out)])
-    rec = json.loads((out / "duplex.json").read_text())
+    rec = fake_cli(tmp_path, monkeypatch, "--modes", "cadence", "--sessions", "3", "--seconds", "4", "--policy",
+                   "threads", "--open-at", "join")
     assert rec["parameters"]["open_at"] == "join" and not any("differ" in r for r in rec["invalid_reasons"])
     run = rec["workloads"]["fake"]["modes"]["cadence"]["runs"][0]
     rows = run["admission"]
@@ -482,14 +481,8 @@ def test_cli_open_at_join_opens_each_session_at_its_join_on_its_thread_and_keeps
 
 def test_cli_recordings_serve_runs_stock_on_the_serve_half_without_graphs(tmp_path, fake, monkeypatch):
     """--recordings serve: stock sessions play the recordings a learned cadence run plays, none of the learn half."""
-    wl = fakes.workload()
-    monkeypatch.setattr(workloads, "get", lambda name: wl)
-    monkeypatch.setattr(workloads, "names", lambda: ["fake"])
-    monkeypatch.setattr(scheduler, "MonotonicClock", FakeClock)
-    out = tmp_path / "out"
-    duplex.main(["--workload", "fake", "--device", "cpu", "--ar", "none", "--modes", "stock", "--sessions", "3",
-                 "--seconds", "4", "--recordings", "serve", "--out", str(out)])
-    rec = json.loads((out / "duplex.json").read_text())
+    rec = fake_cli(tmp_path, monkeypatch, "--modes", "stock", "--sessions", "3", "--seconds", "4", "--recordings",
+                   "serve")
     assert rec["parameters"]["recordings"] == "serve" and rec["parameters"]["prepare"] == "voice"
     run = rec["workloads"]["fake"]["modes"]["stock"]["runs"][0]
     learn, serve = workloads.traffic.split()
