@@ -278,6 +278,43 @@ def test_memory_a_close_does_not_give_back_is_not_flat(monkeypatch):
     assert any(r.startswith("memory rss_mib not flat") for r in rec["invalid_reasons"])
 
 
+def test_quiescent_samples_are_taken_with_no_session_open_and_find_what_closes_keep(monkeypatch):
+    KEPT.clear()
+    monkeypatch.setattr(trend, "rss_mib", lambda: 3000.0 + sum(a.nbytes for a in KEPT) / 2**20)
+    honest = quick([fake_target("plain")], seconds=1.2, quiesce_every=3, window=24, threads=4)
+    quiet = honest["memory"]["quiescent"]
+    assert honest["memory"]["judged_on"] == "quiescent samples" and honest["memory"]["rule"] == trend.QUIET_RULE
+    assert len(quiet["closes"]) >= 8 and set(quiet["open_sessions"]) == {0}, quiet
+    assert all(b - a >= 3 for a, b in zip(quiet["closes"], quiet["closes"][1:])), quiet["closes"]
+    assert honest["memory"]["flatness"]["rss_mib"]["flat"], honest["memory"]["flatness"]
+    assert "flatness_every_close" in honest["memory"] and honest["summary"]["quiescent_samples"] == len(quiet["closes"])
+    assert honest["summary"]["parked_s"] > 0 and honest["invalid_reasons"] == [], honest["invalid_reasons"]
+    assert "memory (quiescent samples)" in stress.table({**honest, "verdict": "X"})
+    leaky = quick([fake_target("leaks", adapter=adapter_of(LeaksOnClose))], seconds=1.2, quiesce_every=3,
+                  window=24, threads=4)
+    KEPT.clear()
+    rss = leaky["memory"]["flatness"]["rss_mib"]
+    assert not rss["flat"] and 3.0 < rss["slope_mib_per_cycle"] < 5.0, rss          # 4 MiB kept per close
+    assert any(r.startswith("memory rss_mib not flat") for r in leaky["invalid_reasons"])
+
+
+def test_a_drain_ends_at_the_deadline_when_a_thread_hangs():
+    RELEASE.clear()
+    try:
+        t0 = time.perf_counter()
+        rec = quick([fake_target("hangs", adapter=adapter_of(HangsOnAUnit)), fake_target("plain")], threads=3,
+                    seconds=0.6, hang_s=0.5, quiesce_every=1)
+        waited = time.perf_counter() - t0
+    finally:
+        RELEASE.set()
+    assert any(e["stage"] == "hang" for e in rec["exceptions"]) and waited < 10, (waited, rec["exceptions"][:1])
+
+
+def test_quiesce_every_must_be_a_count():
+    with pytest.raises(ValueError, match="quiesce_every"):
+        quick([fake_target("plain")], quiesce_every=-1)
+
+
 def test_cli_writes_the_record_and_exits_non_zero_on_a_difference(tmp_path, monkeypatch):
     monkeypatch.setattr(stress, "build_targets",
                         lambda names, device, **kw: [fake_target(n, adapter=adapter_of(SharedCursor)) for n in names])
@@ -300,7 +337,7 @@ def test_cli_writes_the_record_and_exits_non_zero_on_a_difference(tmp_path, monk
 @pytest.mark.parametrize("argv, flag", [
     (["--workloads", "nope"], "--workloads"), (["--modes", "stock,graphs"], "--modes"),
     (["--threads", "0"], "--threads"), (["--seconds", "inf"], "--seconds"), (["--window", "4"], "--window"),
-    (["--device", "tpu"], "--device")])
+    (["--device", "tpu"], "--device"), (["--quiesce-every", "-1"], "--quiesce-every")])
 def test_bad_arguments_exit_2_naming_the_flag(tmp_path, capsys, argv, flag):
     with pytest.raises(SystemExit) as exc:
         stress.main([*argv, "--out", str(tmp_path / "x")])

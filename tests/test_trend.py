@@ -194,3 +194,48 @@ def test_cuda_samples_after_closes_never_invalidate_another_threads_capture():
     out = subprocess.run([sys.executable, "-c", _SAMPLES_BESIDE_CAPTURES], capture_output=True, text=True,
                          timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+# --- quiescent samples ------------------------------------------------------------------------------------
+def test_quiescent_samples_judge_only_what_closes_leave_and_find_a_leak_between_them():
+    closes = np.arange(10, 301, 10)                                    # a sample every 10 closes, 300 in all
+    flat = trend.quiet_flatness(closes, 1000.0 + noise(len(closes), 2.0))
+    assert flat["flat"] and flat["samples"] == 10 and flat["cycles"] == 300 and flat["regressors"] == [], flat
+    # 0.5 MiB per close on 1000 MiB: 49.5 MiB over 100 closes = ~4.9% > 2%
+    leak = trend.quiet_flatness(closes, 1000.0 + 0.5 * closes + noise(len(closes), 0.5))
+    assert not leak["flat"] and "growth" in leak["reason"], leak
+    assert 0.45 < leak["slope_mib_per_cycle"] < 0.55 and 4.0 < leak["growth_pct"] < 6.0
+
+
+def test_quiescent_growth_before_the_window_is_not_counted_and_too_few_samples_are_not_shown():
+    closes = np.arange(10, 301, 10)
+    warm = 1000.0 + np.minimum(closes, 150) * 2.0                       # grows until close 150, then holds
+    assert trend.quiet_flatness(closes, warm)["flat"]
+    sparse = trend.quiet_flatness(np.arange(20, 301, 20), np.full(15, 1000.0))   # 5 in the last 100 closes
+    assert sparse["flat"] and sparse["samples"] == 8 and sparse["span_closes"] == 140, sparse
+    sparse_leak = trend.quiet_flatness(np.arange(20, 301, 20), 1000.0 + 0.5 * np.arange(20, 301, 20))
+    assert not sparse_leak["flat"] and 0.49 < sparse_leak["slope_mib_per_cycle"] < 0.51, sparse_leak
+    few = trend.quiet_flatness(np.arange(25, 176, 30), np.full(6, 1000.0))          # 6 samples in all
+    assert not few["flat"] and "6 quiescent samples < 8" in few["reason"], few
+    short = trend.quiet_flatness([10, 20, 30], [1.0, 1.0, 1.0])
+    assert not short["flat"] and "30 closes < window" in short["reason"]
+
+
+@pytest.mark.parametrize("closes, values, match", [
+    ([10, 20], [1.0], "one close count per sample"),
+    ([20, 10], [1.0, 1.0], "non-decreasing"),
+])
+def test_quiescent_samples_of_another_shape_are_refused(closes, values, match):
+    with pytest.raises(ValueError, match=match):
+        trend.quiet_flatness(closes, values)
+
+
+def test_the_sampler_keeps_quiescent_rows_apart():
+    s = trend.MemorySampler("cpu")
+    s.sample({"open:a": 1})
+    s.sample_quiet(5, 0)
+    s.sample_quiet(9, 0)
+    q = s.quiet_series()
+    assert q["closes"] == [5, 9] and q["open_sessions"] == [0, 0] and list(q["memory"]) == ["rss_mib"]
+    assert len(s.series()["memory"]["rss_mib"]) == 1
+    assert set(trend.judge_quiet(q, window=8)) == {"rss_mib"}

@@ -32,6 +32,12 @@ session closed are counted (checks.cuda_graphs_alive_after), and so is the physi
 arenas' CUDA virtual ranges (checks.vmm_mapped_mib_after); neither is judged. Last, memory.residue: what torch
 still holds allocated on the device (of it, the cuBLAS / cuBLASLt workspaces), with the allocation sites of those
 blocks under --memory-sites (every allocation's Python stack recorded: slower).
+
+Memory flatness is judged on a sample after every close, fitted with the counts of open sessions and in-call
+threads (suite.measure.trend.RULE), or with --quiesce-every K on quiescent samples: once K more closes are done,
+each thread parks at its next draw until every thread has, and the sample is taken with no session open
+(trend.QUIET_RULE); the per-close samples and their fit stay in the record (memory.flatness_every_close), and
+summary.parked_s says how many thread-seconds the drains cost.
 """
 from __future__ import annotations
 
@@ -84,24 +90,25 @@ def build_targets(names, device, *, depth="released", steps=None, prompt_seconds
 # --- the run --------------------------------------------------------------------------------------------
 def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_units=12, device="cpu",
                window=trend.WINDOW, reference="shared", progress=True, hang_s=HANG_S, on_stress=None,
-               memory_sites: bool = False) -> dict:
+               memory_sites: bool = False, quiesce_every: int = 0) -> dict:
     """The stress on built `targets` and its record (without provenance): parameters, summary, per-kind rows,
     sessions, differences, exceptions, references, memory (samples, flatness, start / end, and the residue once
     everything closed: suite.measure.memory.residue, with allocation sites when `memory_sites` recorded them),
     checks, reasons. on_stress(record): called once the threads are done, before the references run, with the
-    record so far (no unit compared yet). Raises ValueError for an unknown mode or reference."""
+    record so far (no unit compared yet). quiesce_every: closes between quiescent samples, 0 for none (module
+    docstring). Raises ValueError for an unknown mode or reference, or a quiesce_every that is no int >= 0."""
     if any(m not in MODES for m in modes) or reference not in REFERENCES:
         raise ValueError(f"modes: expected a subset of {MODES}, reference one of {REFERENCES}; got {modes}, "
                          f"{reference!r}")
     with memory.allocation_history(torch.device(device), enabled=memory_sites) as history:
         return _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress,
-                           hang_s, on_stress, history if memory_sites else None)
+                           hang_s, on_stress, history if memory_sites else None, quiesce_every)
 
 
 def _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress, hang_s,
-                on_stress, history) -> dict:
+                on_stress, history, quiesce_every) -> dict:
     stress = Stress(targets, modes, threads=threads, seconds=seconds, seed=seed, max_units=max_units,
-                    device=device, progress=progress, hang_s=hang_s)
+                    device=device, progress=progress, hang_s=hang_s, quiesce_every=quiesce_every)
     facts = {"start": stress.sampler.now(), "wall_s": stress.run()}
     if stress.device.type == "cuda":
         gate.synchronize(stress.device)
@@ -109,7 +116,8 @@ def _stress_run(targets, modes, threads, seconds, seed, max_units, device, windo
                  checks={"bind_patches_live_after": bind.live(), "streams_leased_after": graphs.STREAMS.leased(),
                          "cuda_graphs_alive_after": alive(torch.cuda.CUDAGraph), "vmm_mapped_mib_after": vmm_mapped_mib()})
     params = {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads, "seconds": seconds,
-              "seed": seed, "max_units": max_units, "window": window, "hang_s": hang_s, "reference": reference,
+              "seed": seed, "max_units": max_units, "window": window, "quiesce_every": quiesce_every,
+              "hang_s": hang_s, "reference": reference,
               "device": str(device), "specs": {t.name: t.spec for t in targets},
               "scripts": {t.name: [str(s.path) for s in t.scripts] for t in targets}}
     if on_stress is not None:
@@ -147,12 +155,16 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
     """The record of a finished stress against `refs` (None: not run yet; the record then says so)."""
     compared, missing, diffs = compare(stress.sessions, refs or {})
     series = stress.sampler.series()
-    flat = trend.judge(series, params["window"])
+    per_close = trend.judge(series, params["window"])
+    quiet = stress.sampler.quiet_series() if stress.quiesce_every else None
+    flat = trend.judge_quiet(quiet, params["window"]) if quiet is not None else per_close
     kinds = by_kind(stress.sessions, diffs, stress.exceptions)
     summary = {"wall_s": facts["wall_s"], "references_s": facts.get("references_s"),
                "cycles": len(series["memory"].get("rss_mib", [])),
                **{c: sum(k[c] for k in kinds.values()) for c in COLUMNS}, "units_compared": compared,
-               "units_without_reference": missing, "exceptions": len(stress.exceptions)}
+               "units_without_reference": missing, "exceptions": len(stress.exceptions),
+               "quiescent_samples": len(quiet["closes"]) if quiet is not None else None,
+               "parked_s": stress.parked_s if quiet is not None else None}
     reasons = [f"{len(diffs)} of {compared} units differ from the same session run alone"] if diffs else []
     if stress.exceptions:
         reasons.append(f"{len(stress.exceptions)} exceptions ({facts['in_stress']} in the stress, "
@@ -178,9 +190,12 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
             "exceptions": list(stress.exceptions),
             "references": {"/".join(map(str, k)): {"units": len(r.hashes), "sha256": r.hashes}
                            for k, r in (refs or {}).items()},
-            "memory": {"rule": trend.RULE, "window": params["window"], "driver_source": stress.sampler.driver_source,
+            "memory": {"rule": trend.QUIET_RULE if quiet is not None else trend.RULE, "window": params["window"],
+                       "judged_on": "quiescent samples" if quiet is not None else "every close",
+                       "driver_source": stress.sampler.driver_source,
                        "start": facts["start"], "end": facts["end"], "residue": facts.get("residue"),
-                       "flatness": flat, "samples": series},
+                       "flatness": flat, "samples": series,
+                       **({"quiescent": quiet, "flatness_every_close": per_close} if quiet is not None else {})},
             "checks": checks, "invalid_reasons": reasons, "finished": refs is not None}
 
 
@@ -192,7 +207,8 @@ def table(record: dict) -> str:
                      headers=["workload/mode", *(c.replace("_", " ") for c in cols)])
     mem = [[name, f["cycles"], f.get("slope_mib_per_cycle"), f.get("growth_pct"), f["flat"]]
            for name, f in record["memory"]["flatness"].items()]
-    mem = tabulate(mem, headers=["memory", "cycles", "slope MiB/cycle", "growth %", "flat"], floatfmt=".3f")
+    mem = tabulate(mem, headers=[f"memory ({record['memory'].get('judged_on', 'every close')})", "cycles",
+                                 "slope MiB/cycle", "growth %", "flat"], floatfmt=".3f")
     reasons = record["invalid_reasons"]
     checks = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in record["checks"].items())
     res = record["memory"].get("residue") or {}
@@ -227,7 +243,8 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
         record = write(stress_run(targets, modes=args.modes, threads=args.threads, seconds=args.seconds,
                                   seed=args.seed, max_units=args.max_units, device=device, window=args.window,
                                   reference=args.reference, progress=args.progress, hang_s=args.hang_s,
-                                  on_stress=write, memory_sites=args.memory_sites))
+                                  on_stress=write, memory_sites=args.memory_sites,
+                                  quiesce_every=args.quiesce_every))
     if args.progress:
         print(f"wrote {out / 'stress.json'}")
     print(table(record), flush=True)
@@ -268,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="length of each session script (seconds of turn timings)")
     p.add_argument("--window", type=_at_least(int, 2 * trend.QUARTERS), default=trend.WINDOW,
                    help="closes the memory rule is judged over (the last ones)")
+    p.add_argument("--quiesce-every", type=_at_least(int, 0), default=0, metavar="K",
+                   help="judge memory on samples with no session open, taken every K closes (0: a sample after "
+                        "every close, fitted with the open counts)")
     p.add_argument("--reference", choices=REFERENCES, default="shared",
                    help="the sessions run alone on the stress's instances (shared) or on new ones built the same way")
     p.add_argument("--hang-s", type=_at_least(float, 0, strict=True), default=HANG_S,

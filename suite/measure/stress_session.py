@@ -1,6 +1,8 @@
 """One stress session and the threads that run them (suite.measure.stress): `Target` (a workload's shared model
 instance, its session scripts and the harness's lock), `SessionRecord`, `Stress` (each thread's loop: draw,
-open, prepare, speak, close; exceptions recorded with their traceback; a memory sample after every close),
+open, prepare, speak, close; exceptions recorded with their traceback; a memory sample after every close, and
+with quiesce_every K every thread parked after its close once K more closes are done, until all have closed:
+then a quiescent sample, with no session open),
 `references` (each (workload, mode, script) that ran, run alone), `compare` and `by_kind`.
 """
 from __future__ import annotations
@@ -76,7 +78,11 @@ class Stress:
     """The shared state of one stress run: targets, the deadline, open / in-call counts, memory samples,
     session records and exceptions. `worker(t)` is thread t's loop; `speak(...)` runs one session."""
 
-    def __init__(self, targets, modes, *, threads, seconds, seed, max_units, device, progress=True, hang_s=HANG_S):
+    def __init__(self, targets, modes, *, threads, seconds, seed, max_units, device, progress=True, hang_s=HANG_S,
+                 quiesce_every: int = 0):
+        if isinstance(quiesce_every, bool) or not isinstance(quiesce_every, int) or quiesce_every < 0:
+            raise ValueError(f"quiesce_every: expected an int >= 0 (closes between quiescent samples; 0: none), "
+                             f"got {quiesce_every!r}")
         self.targets, self.modes, self.hang_s = list(targets), list(modes), hang_s
         self.threads, self.seconds, self.seed, self.max_units = threads, seconds, seed, max_units
         self.device = torch.device(device)
@@ -90,6 +96,11 @@ class Stress:
         self.current: dict[int, SessionRecord] = {}     # thread -> the session it runs now
         self.hung = 0                   # threads still running hang_s after the deadline
         self.progress, self.last_print, self.t0 = progress, 0.0, 0.0
+        # quiescence: once quiesce_every more closes are done, each thread parks at its next draw until every
+        # live thread has parked (parked_s: thread-seconds spent so)
+        self.quiesce_every, self.next_quiet = quiesce_every, quiesce_every
+        self.draining, self.parked, self.live, self.parked_s = False, 0, 0, 0.0
+        self.drain = threading.Condition()
 
     # --- bookkeeping ------------------------------------------------------------------------------------
     def count(self, key: str, delta: int) -> None:
@@ -127,6 +138,10 @@ class Stress:
         if not self.sampling or self.past():
             return
         self.sampler.sample(snapshot)
+        if self.quiesce_every:
+            with self.drain:
+                if not self.draining and len(self.sampler.rows) >= self.next_quiet:
+                    self.draining = True
         now = time.perf_counter()
         if self.progress and now - self.last_print >= PROGRESS_S:
             self.last_print = now
@@ -136,6 +151,40 @@ class Stress:
 
     def past(self) -> bool:
         return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    def park(self) -> None:
+        """Between two sessions of a thread: while a drain is on, wait until every live thread is parked (no
+        session open), the last one in taking the quiescent sample; a drain the deadline overtakes ends
+        without one."""
+        t0 = time.perf_counter()
+        with self.drain:
+            if not self.draining:
+                return
+            self.parked += 1
+            self._drained_if_all_parked()
+            while self.draining and not self.past():
+                self.drain.wait(RETRY_S)
+            self.parked -= 1
+            self.parked_s += time.perf_counter() - t0
+
+    def leave(self) -> None:
+        """A thread's loop ends: one live thread fewer, which may be the one a drain waited for."""
+        with self.drain:
+            self.live -= 1
+            self._drained_if_all_parked()
+
+    def _drained_if_all_parked(self) -> None:
+        # called with self.drain held
+        if not self.draining or self.parked < self.live:
+            return
+        if not self.past():
+            with self.lock:
+                open_now = sum(v for k, v in self.counts.items() if k.startswith("open:"))
+            closes = len(self.sampler.rows)
+            self.sampler.sample_quiet(closes, open_now)
+            self.next_quiet = closes + self.quiesce_every
+        self.draining = False
+        self.drain.notify_all()
 
     # --- one session --------------------------------------------------------------------------------------
     def open(self, target: Target, rec: SessionRecord, model=None):
@@ -215,6 +264,9 @@ class Stress:
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 j = 0
                 while not self.past():
+                    self.park()
+                    if self.past():
+                        break
                     target = rng.choice(self.targets)
                     mode, k = rng.choice(self.modes), rng.randrange(len(target.scripts))
                     n = rng.randint(0, min(self.max_units, len(target.work[k])))
@@ -229,12 +281,14 @@ class Stress:
         except Exception as exc:   # noqa: BLE001 - a harness failure is an exception of the run too
             self.record_exception(SessionRecord(t, -1, "-", "-", -1, 0), "thread", None, exc)
         finally:
+            self.leave()
             if stream is not None:
                 graphs.STREAMS.release(stream)
 
     def run(self) -> float:
         """The threads, until the deadline; returns the stress's wall seconds."""
         start = threading.Barrier(self.threads + 1)
+        self.live = self.threads
         pool = [threading.Thread(target=self.worker, args=(t, start), name=f"stress-{t}", daemon=True)
                 for t in range(self.threads)]
         for th in pool:

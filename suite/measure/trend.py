@@ -16,6 +16,16 @@ the window's median and (2) it shows no monotone trend: the medians of the count
 QUARTERS consecutive parts of the window do not rise at every step (strictly: a single step up, such as an
 allocator taking one more segment, is judged by its growth alone) while the last exceeds the first by more
 than TREND_PCT % of the median. Fewer samples than the window: not shown flat (the target needs that many).
+
+Quiescent samples (`MemorySampler.sample_quiet`, `quiet_flatness`): a sample taken while no session is open
+(the stress parks every thread after its close until all have closed, every --quiesce-every closes) holds
+no session's state, so no count needs to explain it: what a close did not give back is all it can show.
+Each carries the number of closes before it; over the last `window` closes (further back where they hold
+fewer than 2 x QUARTERS samples: a drain lets every thread finish its session, so with T threads up to
+K + T - 1 closes lie between two samples), memory is fitted on that number alone, and growth (the slope times
+window - 1), the quarter medians and both bounds are judged as above. The per-close fit cannot tell a
+leak from open sessions that hold more state the further they are into their scripts (the counts say how
+many are open, not how far along); the quiescent fit has nothing to tell apart.
 """
 from __future__ import annotations
 
@@ -35,6 +45,11 @@ RULE = (f"flat: over the last {WINDOW} closes (or --window), the cycle coefficie
         f"(window - 1), is <= {GROWTH_PCT:g}% of the window's median; and the count-adjusted series' "
         f"{QUARTERS} quarter medians do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median "
         f"in all")
+QUIET_RULE = (f"flat: over the samples taken with no session open in the last {WINDOW} closes (or --window), "
+              f"or the last {2 * QUARTERS} such samples where those are fewer, the slope of a least-squares fit of "
+              f"memory on the closes before each sample, times "
+              f"(window - 1), is <= {GROWTH_PCT:g}% of those samples' median; and their {QUARTERS} quarter medians "
+              f"do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median in all")
 
 
 class MemorySampler:
@@ -49,6 +64,7 @@ class MemorySampler:
         self.driver = DeviceMemory(self.device) if self.cuda else None
         self.lock = threading.Lock()
         self.rows: list[dict] = []
+        self.quiet: list[dict] = []
 
     def now(self) -> dict:
         """Memory now, MiB: rss_mib, and on CUDA (after emptying torch's cache) alloc_mib, reserved_mib,
@@ -66,6 +82,21 @@ class MemorySampler:
         row = {**self.now(), "counts": dict(counts)}
         with self.lock:
             self.rows.append(row)
+
+    def sample_quiet(self, closes: int, open_sessions: int) -> None:
+        """One quiescent row: memory now, the closes before it, and how many sessions were open (0 by the
+        stress's construction; recorded so that a record shows it)."""
+        row = {**self.now(), "closes": int(closes), "open_sessions": int(open_sessions)}
+        with self.lock:
+            self.quiet.append(row)
+
+    def quiet_series(self) -> dict:
+        """{"closes": [closes before each quiescent sample], "open_sessions": [...], "memory": {name: [MiB]}}."""
+        with self.lock:
+            rows = list(self.quiet)
+        keys = [k for k in (rows[0] if rows else {}) if k not in ("closes", "open_sessions")]
+        return {"closes": [r["closes"] for r in rows], "open_sessions": [r["open_sessions"] for r in rows],
+                "memory": {k: [r[k] for r in rows] for k in keys}}
 
     def series(self) -> dict:
         """{"memory": {name: [MiB per cycle]}, "counts": {name: [count per cycle]}} (a count absent from a row
@@ -114,8 +145,16 @@ def flatness(values, counts: dict[str, list] | None = None, *, window: int = WIN
     raw = np.polyfit(x, y, 1)[0]
     adjusted = y - sum((coef[2 + i] * (regressors[n] - regressors[n].mean()) for i, n in enumerate(names)),
                        np.zeros(window))
+    return {**out, **_verdict(y, adjusted, float(coef[1]), window, growth_pct, trend_pct),
+            "raw_slope_mib_per_cycle": float(raw), "regressors": names}
+
+
+def _verdict(y: np.ndarray, adjusted: np.ndarray, slope: float, window: int, growth_pct: float,
+             trend_pct: float) -> dict:
+    """The two bounds of the rule on samples y (MiB), their adjusted series and the fitted slope (MiB per
+    cycle): flat, reason, median_mib, slope_mib_per_cycle, growth_mib, growth_pct, quarter_medians_mib, trend."""
     level = float(np.median(y))
-    growth = float(coef[1] * (window - 1))
+    growth = float(slope * (window - 1))
     pct = 100.0 * growth / level if level > 0 else (0.0 if growth <= 0 else float("inf"))
     medians = [float(np.median(part)) for part in np.array_split(adjusted, QUARTERS)]
     rise = medians[-1] - medians[0]
@@ -128,12 +167,48 @@ def flatness(values, counts: dict[str, list] | None = None, *, window: int = WIN
     if trend:
         reasons.append(f"monotone trend: quarter medians {[round(m, 1) for m in medians]} MiB rise at every "
                        f"step, {rise:.1f} MiB > {trend_pct:g}% of {level:.1f} MiB")
-    return {**out, "flat": not reasons, "reason": "; ".join(reasons) or "flat",
-            "median_mib": level, "slope_mib_per_cycle": float(coef[1]), "raw_slope_mib_per_cycle": float(raw),
-            "growth_mib": growth, "growth_pct": pct, "quarter_medians_mib": medians, "trend": trend,
-            "regressors": names}
+    return {"flat": not reasons, "reason": "; ".join(reasons) or "flat", "median_mib": level,
+            "slope_mib_per_cycle": slope, "growth_mib": growth, "growth_pct": pct, "quarter_medians_mib": medians,
+            "trend": trend}
+
+
+def quiet_flatness(closes, values, *, window: int = WINDOW, growth_pct: float = GROWTH_PCT,
+                   trend_pct: float = TREND_PCT) -> dict:
+    """Is one series of quiescent samples flat over the last `window` closes, or its last 2 x QUARTERS samples
+    where those closes hold fewer (module docstring)? closes: the closes before each sample (non-decreasing);
+    values: MiB, as many. Returns flatness's fields (regressors empty), "samples" (how many were judged) and
+    "span_closes" (the closes from the first judged sample to the last). Raises ValueError for a window <
+    QUARTERS * 2, lengths that differ or closes that decrease."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2 * QUARTERS:
+        raise ValueError(f"window: expected an int >= {2 * QUARTERS}, got {window!r}")
+    x_all = np.asarray(closes, dtype=np.float64)
+    y_all = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+    if len(x_all) != len(y_all):
+        raise ValueError(f"closes and values: expected one close count per sample, got {len(x_all)} and "
+                         f"{len(y_all)}")
+    if np.any(np.diff(x_all) < 0):
+        raise ValueError(f"closes: expected a non-decreasing count, got {list(closes)}")
+    last = int(x_all[-1]) if len(x_all) else 0
+    out = {"flat": False, "cycles": last, "window": window, "regressors": []}
+    if last < window:
+        return {**out, "samples": 0, "reason": f"{last} closes < window {window}: flatness not shown"}
+    n = max(int(np.count_nonzero(x_all > last - window)), 2 * QUARTERS)
+    x, y = x_all[-n:], y_all[-n:]
+    out.update(samples=int(len(y)), span_closes=int(np.ptp(x)) if len(x) else 0)
+    if len(y) < 2 * QUARTERS or np.ptp(x) == 0:
+        return {**out, "reason": f"{len(y)} quiescent samples < {2 * QUARTERS}: flatness not shown"}
+    if not np.all(np.isfinite(y)):
+        return {**out, "reason": "a sample in the window is missing"}
+    slope = float(np.polyfit(x, y, 1)[0])
+    return {**out, **_verdict(y, y, slope, window, growth_pct, trend_pct), "raw_slope_mib_per_cycle": slope}
 
 
 def judge(series: dict, window: int = WINDOW) -> dict:
     """`flatness` of every memory series of `MemorySampler.series()`, with its counts: {name: result}."""
     return {name: flatness(values, series["counts"], window=window) for name, values in series["memory"].items()}
+
+
+def judge_quiet(series: dict, window: int = WINDOW) -> dict:
+    """`quiet_flatness` of every memory series of `MemorySampler.quiet_series()`: {name: result}."""
+    return {name: quiet_flatness(series["closes"], values, window=window)
+            for name, values in series["memory"].items()}
