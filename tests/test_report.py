@@ -17,6 +17,7 @@ from duplexcadence.session import to_pcm16
 from fakes import SAMPLES_PER_TOKEN, fake_wave, workload
 from suite import records, reproduce
 from suite.measure import session, verify as verify_harness
+from suite.records.floor import FLOOR_SCHEMA
 from suite.records.paired import Protocol
 from suite.report import cli as report, document, single
 from test_reproduce_stages import inline
@@ -307,3 +308,35 @@ def test_the_bar_says_which_arm_moved_and_whether_the_trees_match():
     assert runs.bar(ours, ours, "minicpmo45")[1][-1].endswith("+0.0%); the same impl/ tree")
     older = {**ref, "provenance": {k: v for k, v in ref["provenance"].items() if k != "impl_tree"}}
     assert runs.bar(ours, older, "minicpmo45")[1][-1].endswith("; impl/ tree not recorded in both")
+
+
+SECOND_RUN = ROOT / "results" / "2026-12-02-h200-reproduce-16-second"
+
+
+def test_a_floor_record_in_the_run_folder_is_rendered_as_its_timeline_and_memory_tables(tmp_path):
+    """The committed second run of impl tree ccc4b7e holds the floor record its sitting made (floor/): its
+    figures, typed here from that floor.json, appear in the report's floor section."""
+    run = tmp_path / SECOND_RUN.name
+    shutil.copytree(SECOND_RUN, run, ignore=shutil.ignore_patterns("*.png", "REPORT.md", "claims.json"))
+    (run / "other").mkdir()
+    (run / "other" / "floor.json").write_text(json.dumps({"schema": "something/else", "workloads": {}}))
+    text = document.write(run).read_text()
+    part = text[text.index("## Close to the floor"):text.index("## Sessions per GPU")]
+    assert part.count("`floor/floor.json`: commit 01b503630b94, impl/ tree ccc4b7e0c639, NVIDIA H200") == 1
+    assert "other/floor.json" not in part
+    assert ("| stepaudio2_mini | cadence | 67.74 | 94.10 | 1.389 | 191.62 | 2.829 | eager_op 10.57, python 5.77, "
+            "graph_launch 4.68 | 1758 / 10830 |") in part
+    assert "| moshi | cadence | 430.8 | 8.0 / 8.0 | 2.0 | 78.0 | 19.7 | 526.8 | 34.0 | 1226.8 | 170.0 |" in part
+    assert "| qwen3_omni | stock | 412.0 | 0.0 / 0.0 |" in part
+    assert "Steps run eagerly in the measured units: stepaudio2_mini cadence 2, minicpmo45 cadence 2." in part
+
+
+def test_a_run_without_floor_records_has_no_floor_section_and_a_broken_one_is_named(tmp_path):
+    run = tmp_path / SECOND_RUN.name
+    shutil.copytree(SECOND_RUN, run, ignore=shutil.ignore_patterns("*.png", "REPORT.md", "claims.json", "floor"))
+    assert "## Close to the floor" not in document.write(run).read_text()
+    (run / "floor").mkdir()
+    (run / "floor" / "floor.json").write_text(json.dumps({"schema": FLOOR_SCHEMA,
+                                                          "workloads": {"moshi": {"timeline": {"cadence": {}}}}}))
+    with pytest.raises(ValueError, match="wrong shape"):
+        document.prepare(run)

@@ -43,8 +43,10 @@ from suite.measure.memory import (DriverReader, allocation_history, device_sampl
                                   snapshot_sites)
 from suite.measure.session import ModeUnavailable, UnitTimer, build, open_session, payload_of, setup
 from suite.records import EXIT_UNAVAILABLE, REPO_ROOT, jsonable
+from suite.records.floor import (FLOOR_SCHEMA, MEMORY_HEADERS, TIMELINE_HEADERS, memory_rows,
+                                 timeline_rows)
 
-SCHEMA = "duplexcadence.floor/1"
+SCHEMA = FLOOR_SCHEMA
 PREPARE = ("met", "unit", "none")
 TOP_GAPS = 10                   # the longest gaps of a profiled unit kept in the record
 COUNTERS = SessionStats.COUNTERS
@@ -362,34 +364,13 @@ def merge(parts: dict, outcomes: dict, names: list[str], parameters: dict, prove
     return out
 
 
-def _num(v, digits=1):
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
 def tables(record: dict) -> str:
-    """The printed summary: per workload and profiled mode the timeline, per workload and mode the memory."""
-    rows, mem = [], []
-    for name, entry in record["workloads"].items():
-        for mode, tl in entry["timeline"].items():
-            s = tl["summary"]
-            top = ", ".join(f"{c} {ms:.2f}" for c, ms in s["top_causes"]) or "-"
-            dm = s.get("data_movement_per_unit_p50") or {}
-            rows.append([name, mode, _num(s["kernel_busy_ms_p50"], 2), _num(s["wall_ms_profiled_p50"], 2),
-                         _num(s["tail_over_kernel_busy_x"], 3), _num(s["tail_ms_p50"], 2),
-                         _num(s["tail_over_kernel_busy_x_unprofiled"], 3), top,
-                         f"{_num(dm.get('movement_kernels'), 0)} / {_num(dm.get('kernels'), 0)}" if dm else "-"])
-        for mode, m in entry["memory"].items():
-            it = m["items"]
-            mem.append([name, mode, _num(it["weights_mib"]), f"{_num(it['arena_reserved_mib'])} / "
-                        f"{_num(it['arena_mapped_mib'])}", _num(it["graph_pool_mib"]), _num(it["graph_exec_mib"]),
-                        _num(it["allocator_cache_mib"]), _num(it["cuda_context_mib"]), _num(it["cublas_workspace_mib"]),
-                        _num(it["driver_over_idle_mib"]), _num(it["unseen_mib"])])
-    text = tabulate(rows, headers=["workload", "mode", "kernel ms", "wall ms (prof)", "wall/kernel", "tail ms",
-                                   "tail/kernel", "top gap causes (ms per unit)", "data-moving kernels"])
+    """The printed summary: per workload and profiled mode the timeline, per workload and mode the memory
+    (suite.records.floor's rows)."""
+    text = tabulate(timeline_rows(record), headers=TIMELINE_HEADERS)
+    mem = memory_rows(record)
     if mem:
-        text += "\n\n" + tabulate(mem, headers=["workload", "mode", "weights", "arena res/mapped", "graph pool",
-                                                "graph exec", "alloc cache", "context", "cuBLAS ws",
-                                                "driver over idle", "unseen"])
+        text += "\n\n" + tabulate(mem, headers=MEMORY_HEADERS)
     return text
 
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from suite.records import HARNESSES, device_type, registered, unselected
-from suite.report import dropins
+from suite.report import dropins, floor
 from suite.report.claims import VERDICTS, claim_rows, limit_text, ordered, ratio_bounds, ratio_text
 from suite.report.figures import (duplex_figures, gpu_name, load, load_reference, memory_figures, resolve_reference,
                                   speedup, status, timed_note)
@@ -206,6 +206,7 @@ def render(data: dict, refs: dict | None = None, written: dict | None = None, re
              "## Verdicts", "", verdict_table(rows), "",
              *speed_section(data, written.get("speed", []), prefix),
              *memory_section(data, written.get("memory", []), prefix),
+             *floor.section(data.get("floors") or []),
              *sessions_section(data, written.get("sessions", []), prefix),
              *bytes_section(data), *dropins.section(data.get("dropins") or [])]
     if refs:

@@ -15,6 +15,7 @@ import numpy as np
 from suite.records import (DUPLEX_READ_SCHEMAS, DUPLEX_STAGES, family, headline, invalid_codes,
                            max_zero_miss, overlapping, read_dropins, read_json, read_stages, record_reasons,
                            unpack_units, UNSEEN_TRAFFIC, verify_protocol)
+from suite.records.floor import read_floors
 
 PER_MODE = "one process per mode"
 BOTH_MODES = "one process, both modes (verify)"
@@ -24,7 +25,8 @@ JOINED = ("stock", "cadence")          # the duplex modes a workload's row joins
 # --- reading ---------------------------------------------------------------------------------------------
 def load(run_dir: str | Path) -> dict:
     """{"state": stages.json, "run_dir", "workloads": {name: {harness: {"state", "record", "duplex", "timed"}}},
-    "dropins": the folder's drop-in records (suite.records.read_dropins)}:
+    "dropins": the folder's drop-in records (suite.records.read_dropins), "floors": its floor records
+    (suite.records.floor.read_floors)}:
     "record" a done stage's run.json; "duplex" a duplex stage's {"file", "record"} (done, or the checkpoint
     a failed or pending one left); "timed" how its last attempt was timed (`timed_beside`). Raises
     FileNotFoundError for a missing stages.json, StateError (a ValueError) for a mis-shaped one."""
@@ -41,7 +43,8 @@ def load(run_dir: str | Path) -> dict:
         elif st.get("status") in ("failed", "pending") and st["harness"] in DUPLEX_STAGES.values():
             entry["duplex"] = duplex_record(folder, run_dir)   # what a crash or a time limit left (PARTIAL)
         out.setdefault(st["workload"], {})[st["harness"]] = entry
-    return {"state": state, "workloads": out, "run_dir": run_dir, "dropins": read_dropins(run_dir)}
+    return {"state": state, "workloads": out, "run_dir": run_dir, "dropins": read_dropins(run_dir),
+            "floors": read_floors(run_dir)}
 
 
 def duplex_record(folder: Path, run_dir: Path) -> dict | None:
