@@ -258,10 +258,10 @@ def deterministic():
         torch.backends.cudnn.allow_tf32 = previous["cudnn_allow_tf32"]
 
 
-def _count(name: str, value) -> int:
-    """`value` as a count >= 1 for argument `name`; ValueError naming it otherwise (bools, floats, text)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+def _count(name: str, value, least: int = 1) -> int:
+    """`value` as a count >= least for argument `name`; ValueError naming it otherwise (bools, floats, text)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name}: expected an int >= {least}, got {value!r}")
     return value
 
 
@@ -271,9 +271,7 @@ def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: 
     `ops` ops, synchronised around each batch: the host's cost of launching one tiny kernel now (the stock
     tails are host-bound, so their time moves with it). buffers: (input, output) tensors to use (no
     allocation); warmup: untimed ops first. Raises ValueError for ops / repeats not an int >= 1, warmup < 0."""
-    ops, repeats = _count("ops", ops), _count("repeats", repeats)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup: expected an int >= 0, got {warmup!r}")
+    ops, repeats, warmup = _count("ops", ops), _count("repeats", repeats), _count("warmup", warmup, 0)
     device = torch.device(device)
     sync = (lambda: gate.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if buffers is None:

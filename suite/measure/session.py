@@ -23,7 +23,6 @@ import torch
 from duplexcadence import gate, runtime
 from duplexcadence.session import SessionStats
 from suite.measure import env
-from suite.measure.kernels import profile_call
 from suite.measure.memory import MemoryProbe
 from suite.records import SAMPLE_RATE, UNIT_PERIOD_S, UnitRecord, jsonable, run_record
 
@@ -32,7 +31,6 @@ MIN_MEASURED_UNITS = 30     # medians and p99 over >= 30 units after warm-up
 STD_MIN = 1e-4              # a SPEAK unit quieter than this is degenerate
 CLIP_LEVEL = 0.99           # |x| at or above this counts as clipped
 CLIP_FRACTION_MAX = 0.5     # more than this fraction clipped is degenerate
-PROFILED_SPEAK_UNITS = 5    # CUDA: the last SPEAK units of a profile pass run under the profiler
 
 
 @dataclass
@@ -288,18 +286,13 @@ def modes(adapter) -> tuple:
 
 # --- one session -----------------------------------------------------------------------------------------
 def run_session(adapter, model, mode: str, spec: dict, units: list, device: torch.device, *,
-                probe: MemoryProbe | None = None, label: str = "", progress: bool = True,
-                profile_units: int = 0, host_samples: bool = False) -> SessionRun:
+                probe: MemoryProbe | None = None, label: str = "", progress: bool = True) -> SessionRun:
     """Open one session, prepare it (`prepare(None)`), walk the units, close it. The first
     WARMUP_SPEAK_UNITS SPEAK units are marked measured=False.
 
-    profile_units: on CUDA, the last this-many SPEAK units run under the CUDA profiler (their `kernels`
-    record; not measured: the profiler slows the host), hashed and compared like every unit.
     A LISTEN unit with a payload (Moshi decodes every frame) is decoded with final=False outside any turn,
-    timed and hashed, never measured. host_samples: after each timed SPEAK unit, outside its timed region,
-    the host's and GPU's state (`UnitRecord.host`, ~1 ms). progress: a line per decoded unit.
+    timed and hashed, never measured. progress: a line per decoded unit.
     Raises ValueError for a unit kind other than LISTEN / SPEAK."""
-    sample_host = env.UnitHostSampler(device) if host_samples else None
     if probe is not None:
         probe.begin_session()
     session = open_session(adapter, model, mode, spec)
@@ -310,9 +303,6 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
             gate.synchronize(device)
         prepared = {"counters": jsonable(prep), "ms": (time.perf_counter() - t0) * 1e3}
         timer = UnitTimer(device)
-        speak_idx = [int(u.index) for u in units if u.kind == "SPEAK"]
-        n_prof = profile_units if device.type == "cuda" else 0
-        profiled = set(speak_idx[len(speak_idx) - n_prof:]) if n_prof > 0 else set()
         records, outputs, pcm = [], {}, []
         open_turn, n_speak = None, 0
         for unit in units:
@@ -329,19 +319,13 @@ def run_session(adapter, model, mode: str, spec: dict, units: list, device: torc
                 session.start_turn()
                 open_turn = unit.turn
             final = bool(speak and unit.final)
-            if rec.index in profiled:
-                out, rec.kernels = profile_call(session.speak, payload, final=final, device=device)
-                rec.wall_ms = rec.kernels["wall_ms"]
-            else:
-                out, rec.tail_ms, rec.wall_ms = timer(session.speak, payload, final=final)
-                if speak and sample_host is not None:
-                    rec.host = sample_host()
+            out, rec.tail_ms, rec.wall_ms = timer(session.speak, payload, final=final)
             if final:
                 open_turn = None
             rec.samples = out.samples
             rec.sha256_f32, rec.sha256_pcm16 = out.sha256()
             rec.std, rec.clipped_frac = sanity(np.asarray(out.waveform).reshape(-1))
-            rec.measured = speak and n_speak >= WARMUP_SPEAK_UNITS and rec.index not in profiled
+            rec.measured = speak and n_speak >= WARMUP_SPEAK_UNITS
             rec.info = jsonable(out.info)
             n_speak += speak
             outputs[rec.index] = out

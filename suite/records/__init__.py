@@ -329,11 +329,3 @@ def verify_protocol(record: dict | None) -> str | None:
     if record.get("schema") == VERIFY_SCHEMA or comp.get("protocol") == "paired":
         return "paired"
     return "rounds" if len(comp.get("rounds") or []) >= 2 else "units"
-
-
-def architecture(name: str) -> str | None:
-    """A registered workload's decoder architecture; None for a name not registered."""
-    try:
-        return workloads.get(name).architecture
-    except KeyError:
-        return None
