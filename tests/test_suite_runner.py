@@ -14,7 +14,7 @@ import fakes
 from fakes import SAMPLES_PER_TOKEN, fake_wave, workload
 from duplexcadence.session import to_pcm16
 from suite.measure import env, memory, session
-from suite.records import RUN_SCHEMA, UnitRecord
+from suite.records import RUN_SCHEMA
 
 RATE = 24000
 
@@ -198,47 +198,8 @@ def test_host_op_us_uses_the_buffers_it_is_given():
             env.host_op_us("cpu", ops=10, warmup=bad)
 
 
-def test_cpu_loop_us_measures_and_rejects_bad_counts():
-    assert 0 < env.cpu_loop_us(iters=500, repeats=3) < 1e6
-    for bad in (0, -3, 0.5, "10", None, True, float("inf")):
-        with pytest.raises(ValueError, match=r"^iters: expected an int >= 1, got "):
-            env.cpu_loop_us(iters=bad)
-        with pytest.raises(ValueError, match=r"^repeats: expected an int >= 1, got "):
-            env.cpu_loop_us(repeats=bad)
-
-
-def test_unit_host_sampler_reads_the_sm_clock_through_nvml(monkeypatch):
+def test_nvml_handle_is_none_without_a_cuda_device():
     assert env.nvml_handle("cpu") == (None, None)
-    cpu = env.UnitHostSampler("cpu")()
-    assert cpu["sm_mhz"] is None and cpu["op_us"] > 0 and cpu["cpu_loop_us"] > 0
-
-    class FakeNVML:
-        NVML_CLOCK_SM = 1
-        mhz = 1410
-
-        def nvmlDeviceGetClockInfo(self, handle, clock):
-            assert handle == "h0" and clock == self.NVML_CLOCK_SM
-            if self.mhz is None:
-                raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
-            return self.mhz
-    nvml = FakeNVML()
-    monkeypatch.setattr(env, "nvml_handle", lambda device: (nvml, "h0"))
-    sampler = env.UnitHostSampler("cpu")
-    assert sampler()["sm_mhz"] == 1410
-    nvml.mhz = None                                   # an NVML error mid-run: "unknown", not a crash
-    assert sampler()["sm_mhz"] is None
-
-
-def test_host_p50_takes_each_sample_s_median_over_the_units_that_have_it():
-    def rec(i, host):
-        return UnitRecord(index=i, kind="SPEAK", turn=0, final=False, t_start_s=float(i),
-                                 payload="tokens", payload_size=1, host=host)
-    units = [rec(0, {"op_us": 7.0, "cpu_loop_us": 50.0, "sm_mhz": 1980}),
-             rec(1, {"op_us": 10.0, "cpu_loop_us": 70.0, "sm_mhz": None}),
-             rec(2, {"op_us": 11.0, "cpu_loop_us": 60.0, "sm_mhz": 1410}),
-             rec(3, None)]
-    assert session.host_p50(units) == {"host_op_us_p50": 10.0, "cpu_loop_us_p50": 60.0, "sm_mhz_p50": 1695.0}
-    assert session.host_p50([rec(0, None)]) == {}
 
 
 # --- env and memory --------------------------------------------------------------------------

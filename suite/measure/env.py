@@ -3,8 +3,8 @@
 `provenance()` is generated, never typed: git revision, dirty flag with the `git status --short` lines, the
 git tree hash of impl/, the command, python / torch / CUDA / cuDNN and stock package versions, the device, the
 weights (`weights`: seeded random, or a checkpoint and its sha256). Outside a git checkout the git fields read "NA". `deterministic()` is the only place the suite changes
-torch's global flags, and it restores them on exit. The host probes (`host_op_us`, `cpu_loop_us`,
-`UnitHostSampler`) say how fast the host launched eager kernels around a measurement.
+torch's global flags, and it restores them on exit. The host probe (`host_op_us`) says how fast the host
+launched eager kernels around a measurement.
 """
 from __future__ import annotations
 
@@ -293,9 +293,7 @@ def host_op_us(device: str | torch.device = "cpu", *, ops: int = 1000, repeats: 
     return float(batches[len(batches) // 2])
 
 
-#: Iterations of `UnitHostSampler`'s pure-Python loop (about 40-100 us on the hosts measured).
-CPU_LOOP_ITERS = 2000
-#: Eager ops of `UnitHostSampler`'s per-unit launch probe (`host_op_us(ops=...)`, one batch: ~1-2 ms on CUDA).
+#: Eager ops of the per-unit launch probe (`host_op_us(ops=...)`, one batch: ~1-2 ms on CUDA).
 UNIT_PROBE_OPS = 100
 
 
@@ -315,44 +313,3 @@ def nvml_handle(device: str | torch.device):
             return pynvml, pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
     except Exception:  # no pynvml, no NVML library, or an older driver: say so by returning nothing
         return None, None
-
-
-def cpu_loop_us(iters: int = CPU_LOOP_ITERS, repeats: int = 3) -> float:
-    """Median microseconds of a pure-Python loop of `iters` iterations over `repeats` runs: the CPU's speed now,
-    without torch or CUDA in it. Raises ValueError for iters or repeats not an int >= 1."""
-    iters, repeats = _count("iters", iters), _count("repeats", repeats)
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        acc = 0
-        for i in range(iters):
-            acc += i
-        runs.append((time.perf_counter() - t0) * 1e6)
-    runs.sort()
-    return float(runs[len(runs) // 2])
-
-
-class UnitHostSampler:
-    """The host's and the GPU's state right after a unit, outside its timed region (`UnitRecord.host`): a call
-    returns {"op_us": `host_op_us` of UNIT_PROBE_OPS ops on buffers made once, "cpu_loop_us": `cpu_loop_us()`,
-    "sm_mhz": the GPU's SM clock (NVML), read first; None on CPU, without NVML or on an NVML error}. About
-    1 ms a call on CUDA: it says whether a slow unit met a slow CPU state or a low GPU clock."""
-
-    def __init__(self, device: str | torch.device):
-        self.device = torch.device(device)
-        self._nvml, self._handle = nvml_handle(self.device)
-        x = torch.zeros(1, device=self.device)
-        self._buffers = (x, torch.empty_like(x))
-
-    def sm_mhz(self) -> int | None:
-        if self._handle is None:
-            return None
-        try:
-            return int(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
-        except Exception:  # an NVML error mid-run: the sample says "unknown", the run goes on
-            return None
-
-    def __call__(self) -> dict:
-        sm = self.sm_mhz()                   # first: the clock the unit ran at, before the probes run
-        return {"op_us": host_op_us(self.device, ops=UNIT_PROBE_OPS, repeats=1, buffers=self._buffers, warmup=0),
-                "cpu_loop_us": cpu_loop_us(), "sm_mhz": sm}

@@ -198,22 +198,10 @@ def metrics(units: list[UnitRecord], sample_rate: int = SAMPLE_RATE, period_s: f
         "tail_vs_period_pct_p50": 100.0 * (p50 / (period_s * 1e3) - 1.0),
         "deadline_misses": int(np.sum(tail > period_s * 1e3)),
     })
-    out.update(host_p50(measured))
     out.update(graph_deltas(units, measured))
     if prof:
         busy = out["kernel_busy_ms_per_unit_p50"]
         out["tail_over_kernel_busy_x"] = p50 / busy if busy > 0 else None
-    return out
-
-
-def host_p50(units: list[UnitRecord]) -> dict:
-    """p50 over `units` of each per-unit host sample they carry (UnitRecord.host, env.UnitHostSampler):
-    {"host_op_us_p50", "cpu_loop_us_p50", "sm_mhz_p50"}, a key only where some unit has a value."""
-    out = {}
-    for key, name in (("op_us", "host_op_us_p50"), ("cpu_loop_us", "cpu_loop_us_p50"), ("sm_mhz", "sm_mhz_p50")):
-        vals = [u.host[key] for u in units if u.host and isinstance(u.host.get(key), (int, float))]
-        if vals:
-            out[name] = float(np.percentile(vals, 50))
     return out
 
 
