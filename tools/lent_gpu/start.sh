@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# First device call of a sitting: copy the tree to /tmp/r, start MASTER (a script path inside the tree, run
+# from /tmp/r) in its own process session so that it outlives the call, then wait on it like wait.sh.
+#   bash tools/lent_gpu/start.sh .gpu/master.sh        (BUDGET, WAIT as wait.sh; the master writes under /tmp/m
+#                                                        and touches /tmp/m/done when it ends)
+set -u
+master=${1:?usage: start.sh MASTER}
+mkdir -p /tmp/m; cp -a . /tmp/r
+( cd /tmp/r && setsid nohup bash "$master" > /tmp/m/m.out 2>&1 < /dev/null & )
+sleep 2; exec bash "$(dirname "$0")/wait.sh"
