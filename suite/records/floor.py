@@ -1,7 +1,7 @@
 """Floor records (`floor.json`, schema FLOOR_SCHEMA, written by suite.measure.floor): per workload the
 timeline of steady SPEAK units under the CUDA profiler and one session's memory itemised, by mode. `read_floors`
 finds them in a run folder; `timeline_rows` and `memory_rows` are the two tables the harness prints and the
-report renders, as rows of plain values (None where a figure was not measured, as on CPU).
+report renders, as rows of text cells ("-" where a figure was not measured, as on CPU).
 """
 from __future__ import annotations
 
