@@ -3,7 +3,7 @@
 cd /tmp/r && . .gpu/env.sh && export PYTHONPATH=/tmp/r/impl:/tmp/r
 timeout 390 .venv/bin/python -m suite.measure.duplex --device cuda --modes cadence --ar none --seconds 60 --budget-s 330 \
   --out /tmp/m/duplex-minicpmo45 --workload minicpmo45 --start 12 --grow 1.5 --policy threads --prepare learned:64 \
-  --reference-sessions 12        # killed by the timeout (rc 124) while the 12 sessions ran alone: no duplex.json
+  --reference-sessions 12        # killed by the timeout (rc 124) near the end of the cadence (after the 12 references): no duplex.json
 timeout 210 .venv/bin/python -m suite.measure.duplex --device cuda --modes cadence --ar none --seconds 60 --budget-s 150 \
   --out /tmp/m/duplex-moshi --workload moshi --start 32 --grow 1.5
 timeout 210 .venv/bin/python -m suite.measure.duplex --device cuda --modes cadence --ar none --seconds 60 --budget-s 150 \
