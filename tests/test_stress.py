@@ -290,6 +290,10 @@ def test_quiescent_samples_are_taken_with_no_session_open_and_find_what_closes_k
     assert "flatness_every_close" in honest["memory"] and honest["summary"]["quiescent_samples"] == len(quiet["closes"])
     assert honest["summary"]["parked_s"] > 0 and honest["invalid_reasons"] == [], honest["invalid_reasons"]
     assert "memory (quiescent samples)" in stress.table({**honest, "verdict": "X"})
+    host = honest["memory"]["host_flatness"]
+    assert set(host) == {"heap_in_use_mib", "heap_free_mib"} and "heap_in_use_mib (not judged)" in stress.table(
+        {**honest, "verdict": "X"})
+    assert not any("heap" in r for r in honest["invalid_reasons"])
     leaky = quick([fake_target("leaks", adapter=adapter_of(LeaksOnClose))], seconds=1.2, quiesce_every=3,
                   window=24, threads=4)
     KEPT.clear()

@@ -3,10 +3,12 @@ expected verdicts from the rule's own numbers: 2% growth over the window, quarte
 0.5%), and the sampler's columns."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
-from suite.measure import trend
+from suite.measure import memory, trend
 
 W = trend.WINDOW
 
@@ -239,3 +241,22 @@ def test_the_sampler_keeps_quiescent_rows_apart():
     assert q["closes"] == [5, 9] and q["open_sessions"] == [0, 0] and list(q["memory"]) == ["rss_mib"]
     assert len(s.series()["memory"]["rss_mib"]) == 1
     assert set(trend.judge_quiet(q, window=8)) == {"rss_mib"}
+    assert set(q["host"]) == {"heap_in_use_mib", "heap_free_mib"} and len(q["host"]["heap_in_use_mib"]) == 2
+    assert set(trend.judge_quiet(q, window=8, part="host")) == {"heap_in_use_mib", "heap_free_mib"}
+
+
+def test_host_heap_sees_a_malloc_and_its_free():
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    before = memory.host_heap_mib()["heap_in_use_mib"]
+    block = libc.malloc(64 * 2**20)
+    try:
+        ctypes.memset(block, 1, 64 * 2**20)
+        held = memory.host_heap_mib()["heap_in_use_mib"]
+    finally:
+        libc.free(block)
+    after = memory.host_heap_mib()["heap_in_use_mib"]
+    assert 63.0 < held - before < 66.0, (before, held)
+    assert abs(after - before) < 2.0, (before, after)
+    assert "pinned_mib" not in memory.host_heap_mib("cpu")

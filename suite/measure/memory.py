@@ -13,6 +13,7 @@ counters (`device_sample`) at open, after `prepare` and after some units, and th
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import gc
 import os
@@ -56,6 +57,40 @@ def rss_mib() -> float | None:
     """Current resident set size of this process, MiB (None where /proc is absent)."""
     kib = _status_kib("VmRSS")
     return None if kib is None else kib / 1024
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2():
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = _Mallinfo2, []
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def host_heap_mib(device=None) -> dict:
+    """What the process's C heap holds now, MiB, read without changing it: "heap_in_use_mib", the bytes malloc
+    has handed out and not had back (glibc mallinfo2: uordblks + hblkhd, every arena and mmapped chunk), and
+    "heap_free_mib", the bytes free inside malloc's arenas that it keeps rather than returns to the kernel
+    (fordblks); on a CUDA `device` also "pinned_mib", the bytes torch's pinned host allocator holds
+    (torch.cuda.host_memory_stats "allocated_bytes.current", its cached blocks included). RSS rising while
+    heap_in_use_mib and pinned_mib stay flat is the allocator keeping freed memory, not something still
+    referenced. {} (or the pinned figure alone) where the C library has no mallinfo2 (glibc < 2.33, musl)."""
+    out = {}
+    if _MALLINFO2 is not None:
+        m = _MALLINFO2()
+        out = {"heap_in_use_mib": (m.uordblks + m.hblkhd) / MIB, "heap_free_mib": m.fordblks / MIB}
+    if device is not None and torch.device(device).type == "cuda":
+        out["pinned_mib"] = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) / MIB
+    return out
 
 
 def reset_peak_rss() -> bool:

@@ -195,7 +195,9 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
                        "driver_source": stress.sampler.driver_source,
                        "start": facts["start"], "end": facts["end"], "residue": facts.get("residue"),
                        "flatness": flat, "samples": series,
-                       **({"quiescent": quiet, "flatness_every_close": per_close} if quiet is not None else {})},
+                       **({"quiescent": quiet, "flatness_every_close": per_close,
+                           "host_flatness": trend.judge_quiet(quiet, params["window"], part="host")}
+                          if quiet is not None else {})},
             "checks": checks, "invalid_reasons": reasons, "finished": refs is not None}
 
 
@@ -207,6 +209,8 @@ def table(record: dict) -> str:
                      headers=["workload/mode", *(c.replace("_", " ") for c in cols)])
     mem = [[name, f["cycles"], f.get("slope_mib_per_cycle"), f.get("growth_pct"), f["flat"]]
            for name, f in record["memory"]["flatness"].items()]
+    mem += [[f"{name} (not judged)", f["cycles"], f.get("slope_mib_per_cycle"), f.get("growth_pct"), f["flat"]]
+            for name, f in record["memory"].get("host_flatness", {}).items()]
     mem = tabulate(mem, headers=[f"memory ({record['memory'].get('judged_on', 'every close')})", "cycles",
                                  "slope MiB/cycle", "growth %", "flat"], floatfmt=".3f")
     reasons = record["invalid_reasons"]

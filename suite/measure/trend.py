@@ -25,7 +25,10 @@ fewer than 2 x QUARTERS samples: a drain lets every thread finish its session, s
 K + T - 1 closes lie between two samples), memory is fitted on that number alone, and growth (the slope times
 window - 1), the quarter medians and both bounds are judged as above. The per-close fit cannot tell a
 leak from open sessions that hold more state the further they are into their scripts (the counts say how
-many are open, not how far along); the quiescent fit has nothing to tell apart.
+many are open, not how far along); the quiescent fit has nothing to tell apart. Each quiescent sample also
+reads what the host side is made of (`memory.host_heap_mib`: the C heap's bytes in use and its free bytes kept,
+torch's pinned host blocks on CUDA), fitted the same way and recorded beside the verdict, not in it: an RSS
+that rises while the heap in use stays flat is the allocator keeping memory, one that rises with it is held.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ import threading
 import numpy as np
 import torch
 
-from suite.measure.memory import MIB, DeviceMemory, release_cached, rss_mib
+from suite.measure.memory import MIB, DeviceMemory, host_heap_mib, release_cached, rss_mib
 
 WINDOW = 100            # cycles the target is stated over
 GROWTH_PCT = 2.0        # most growth over the window, % of its median
@@ -86,17 +89,22 @@ class MemorySampler:
     def sample_quiet(self, closes: int, open_sessions: int) -> None:
         """One quiescent row: memory now, the closes before it, and how many sessions were open (0 by the
         stress's construction; recorded so that a record shows it)."""
-        row = {**self.now(), "closes": int(closes), "open_sessions": int(open_sessions)}
+        row = {**self.now(), "closes": int(closes), "open_sessions": int(open_sessions),
+               "host": host_heap_mib(self.device)}
         with self.lock:
             self.quiet.append(row)
 
     def quiet_series(self) -> dict:
-        """{"closes": [closes before each quiescent sample], "open_sessions": [...], "memory": {name: [MiB]}}."""
+        """{"closes": [closes before each quiescent sample], "open_sessions": [...], "memory": {name: [MiB]} (the
+        series the rule judges), "host": {name: [MiB]} (memory.host_heap_mib at each sample: what RSS is made of,
+        not judged)}."""
         with self.lock:
             rows = list(self.quiet)
-        keys = [k for k in (rows[0] if rows else {}) if k not in ("closes", "open_sessions")]
+        keys = [k for k in (rows[0] if rows else {}) if k not in ("closes", "open_sessions", "host")]
+        host = sorted({k for r in rows for k in r.get("host", {})})
         return {"closes": [r["closes"] for r in rows], "open_sessions": [r["open_sessions"] for r in rows],
-                "memory": {k: [r[k] for r in rows] for k in keys}}
+                "memory": {k: [r[k] for r in rows] for k in keys},
+                "host": {k: [r.get("host", {}).get(k) for r in rows] for k in host}}
 
     def series(self) -> dict:
         """{"memory": {name: [MiB per cycle]}, "counts": {name: [count per cycle]}} (a count absent from a row
@@ -208,7 +216,8 @@ def judge(series: dict, window: int = WINDOW) -> dict:
     return {name: flatness(values, series["counts"], window=window) for name, values in series["memory"].items()}
 
 
-def judge_quiet(series: dict, window: int = WINDOW) -> dict:
-    """`quiet_flatness` of every memory series of `MemorySampler.quiet_series()`: {name: result}."""
+def judge_quiet(series: dict, window: int = WINDOW, part: str = "memory") -> dict:
+    """`quiet_flatness` of every series of `MemorySampler.quiet_series()[part]` ("memory": the judged ones;
+    "host": the host heap's parts, a diagnosis): {name: result}."""
     return {name: quiet_flatness(series["closes"], values, window=window)
-            for name, values in series["memory"].items()}
+            for name, values in series.get(part, {}).items()}
