@@ -245,6 +245,16 @@ def test_the_sampler_keeps_quiescent_rows_apart():
     assert set(trend.judge_quiet(q, window=8, part="host")) == {"heap_in_use_mib", "heap_free_mib"}
 
 
+def test_a_host_part_near_zero_is_judged_against_one_mib_and_a_judged_series_is_not():
+    closes = list(range(10, 161, 15))
+    pinned = [0.0, 0.002, 0.0, 0.001, 0.003, 0.0, 0.002, 0.003, 0.0, 0.002, 0.003]
+    q = {"closes": closes, "memory": {"rss_mib": pinned}, "host": {"pinned_mib": pinned}}
+    assert trend.judge_quiet(q, window=40, part="host")["pinned_mib"]["flat"]
+    assert not trend.judge_quiet(q, window=40)["rss_mib"]["flat"]        # no floor where the verdict is made
+    growing = {"closes": closes, "host": {"pinned_mib": [0.5 * i for i in range(len(closes))]}}
+    assert not trend.judge_quiet(growing, window=40, part="host")["pinned_mib"]["flat"]
+
+
 def test_host_heap_sees_a_malloc_and_its_free():
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

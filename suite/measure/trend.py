@@ -55,6 +55,11 @@ QUIET_RULE = (f"flat: over the samples taken with no session open in the last {W
               f"do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median in all")
 
 
+#: The host heap's parts are judged against at least this level: torch's pinned host blocks are 0 MiB in a process
+#: that never pins, and a percentage of nothing says nothing.
+HOST_LEVEL_FLOOR_MIB = 1.0
+
+
 class MemorySampler:
     """Samples after every close, in the closing thread (thread-safe): `sample(cycle_counts)` appends one row.
     device: the sessions' device (CUDA adds alloc / reserved / driver series). `series()` returns the columns."""
@@ -158,10 +163,11 @@ def flatness(values, counts: dict[str, list] | None = None, *, window: int = WIN
 
 
 def _verdict(y: np.ndarray, adjusted: np.ndarray, slope: float, window: int, growth_pct: float,
-             trend_pct: float) -> dict:
+             trend_pct: float, level_floor_mib: float = 0.0) -> dict:
     """The two bounds of the rule on samples y (MiB), their adjusted series and the fitted slope (MiB per
-    cycle): flat, reason, median_mib, slope_mib_per_cycle, growth_mib, growth_pct, quarter_medians_mib, trend."""
-    level = float(np.median(y))
+    cycle): flat, reason, median_mib, slope_mib_per_cycle, growth_mib, growth_pct, quarter_medians_mib, trend.
+    The percentages are of the median, or of level_floor_mib where the median is below it."""
+    level = max(float(np.median(y)), level_floor_mib)
     growth = float(slope * (window - 1))
     pct = 100.0 * growth / level if level > 0 else (0.0 if growth <= 0 else float("inf"))
     medians = [float(np.median(part)) for part in np.array_split(adjusted, QUARTERS)]
@@ -181,7 +187,7 @@ def _verdict(y: np.ndarray, adjusted: np.ndarray, slope: float, window: int, gro
 
 
 def quiet_flatness(closes, values, *, window: int = WINDOW, growth_pct: float = GROWTH_PCT,
-                   trend_pct: float = TREND_PCT) -> dict:
+                   trend_pct: float = TREND_PCT, level_floor_mib: float = 0.0) -> dict:
     """Is one series of quiescent samples flat over the last `window` closes, or its last 2 x QUARTERS samples
     where those closes hold fewer (module docstring)? closes: the closes before each sample (non-decreasing);
     values: MiB, as many. Returns flatness's fields (regressors empty), "samples" (how many were judged) and
@@ -208,7 +214,8 @@ def quiet_flatness(closes, values, *, window: int = WINDOW, growth_pct: float = 
     if not np.all(np.isfinite(y)):
         return {**out, "reason": "a sample in the window is missing"}
     slope = float(np.polyfit(x, y, 1)[0])
-    return {**out, **_verdict(y, y, slope, window, growth_pct, trend_pct), "raw_slope_mib_per_cycle": slope}
+    return {**out, **_verdict(y, y, slope, window, growth_pct, trend_pct, level_floor_mib),
+            "raw_slope_mib_per_cycle": slope}
 
 
 def judge(series: dict, window: int = WINDOW) -> dict:
@@ -218,6 +225,7 @@ def judge(series: dict, window: int = WINDOW) -> dict:
 
 def judge_quiet(series: dict, window: int = WINDOW, part: str = "memory") -> dict:
     """`quiet_flatness` of every series of `MemorySampler.quiet_series()[part]` ("memory": the judged ones;
-    "host": the host heap's parts, a diagnosis): {name: result}."""
-    return {name: quiet_flatness(series["closes"], values, window=window)
+    "host": the host heap's parts, a diagnosis, each judged against at least HOST_LEVEL_FLOOR_MIB): {name: result}."""
+    floor = HOST_LEVEL_FLOOR_MIB if part == "host" else 0.0
+    return {name: quiet_flatness(series["closes"], values, window=window, level_floor_mib=floor)
             for name, values in series.get(part, {}).items()}
