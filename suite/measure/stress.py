@@ -37,7 +37,9 @@ Memory flatness is judged on a sample after every close, fitted with the counts 
 threads (suite.measure.trend.RULE), or with --quiesce-every K on quiescent samples: once K more closes are done,
 each thread parks at its next draw until every thread has, and the sample is taken with no session open
 (trend.QUIET_RULE); the per-close samples and their fit stay in the record (memory.flatness_every_close), and
-summary.parked_s says how many thread-seconds the drains cost.
+summary.parked_s says how many thread-seconds the drains cost. Each quiescent sample also reads the C heap
+and torch's pinned host blocks (memory.host_heap_mib), fitted the same way into memory.host_flatness and the
+table's "(not judged)" rows: whether an RSS that rises is memory still in use or memory malloc keeps.
 """
 from __future__ import annotations
 
