@@ -48,6 +48,7 @@ import gc
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -140,8 +141,7 @@ def alive(kind: type) -> int:
     """How many objects of `kind` the cycle collector reaches, after a collection (a closed session's CUDA graphs
     still referenced somewhere hold their graph exec, which torch's allocator does not count). Recorded, not
     judged: the memory rule judges what they cost."""
-    gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, kind))
+    return len(_collected(kind))
 
 
 def vmm_mapped_mib() -> float:
@@ -149,8 +149,17 @@ def vmm_mapped_mib() -> float:
     vmm backend) that the cycle collector reaches, after a collection: a closed session's arena that was never
     closed holds its granules at the driver, outside torch's allocator. Recorded, not judged: the memory rule
     judges what they cost."""
+    return sum(o.mapped_bytes for o in _collected(vmm.Reservation)) / 2 ** 20
+
+
+def _collected(kind: type) -> list:
+    """The objects of `kind` the cycle collector tracks, after a collection. isinstance on every object touches
+    torch's deprecated module attributes (torch.distributed.reduce_op), whose FutureWarning is kept out of the
+    console."""
     gc.collect()
-    return sum(o.mapped_bytes for o in gc.get_objects() if isinstance(o, vmm.Reservation)) / 2 ** 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return [o for o in gc.get_objects() if isinstance(o, kind)]
 
 
 def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
@@ -211,7 +220,8 @@ def table(record: dict) -> str:
                      headers=["workload/mode", *(c.replace("_", " ") for c in cols)])
     mem = [[name, f["cycles"], f.get("slope_mib_per_cycle"), f.get("growth_pct"), f["flat"]]
            for name, f in record["memory"]["flatness"].items()]
-    mem += [[f"{name} (not judged)", f["cycles"], f.get("slope_mib_per_cycle"), f.get("growth_pct"), f["flat"]]
+    mem += [[f"{name} (not judged)", f["cycles"], f.get("slope_mib_per_cycle"), f.get("growth_pct"),
+             "flat" if f["flat"] else "not flat"]
             for name, f in record["memory"].get("host_flatness", {}).items()]
     mem = tabulate(mem, headers=[f"memory ({record['memory'].get('judged_on', 'every close')})", "cycles",
                                  "slope MiB/cycle", "growth %", "flat"], floatfmt=".3f")
@@ -284,8 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_at_least(int, 1), default=16)
     p.add_argument("--seconds", type=_at_least(float, 0, strict=True), default=600.0, help="seconds of stress")
     p.add_argument("--seed", type=_at_least(int, 0), default=0)
-    p.add_argument("--max-units", type=_at_least(int, 0), default=12,
-                   help="most units with work a session speaks before it closes")
+    p.add_argument("--max-units", type=_at_least(int, 1), default=12,
+                   help="most units with work a session speaks before it closes (each draws 0 to this many)")
     p.add_argument("--scripts", type=_at_least(int, 1), default=4, help="session scripts per workload")
     p.add_argument("--script-seconds", type=_at_least(int, 1), default=30,
                    help="length of each session script (seconds of turn timings)")

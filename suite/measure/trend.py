@@ -47,12 +47,12 @@ RULE = (f"flat: over the last {WINDOW} closes (or --window), the cycle coefficie
         f"memory on the cycle index and the counts of open sessions and in-call threads per kind, times "
         f"(window - 1), is <= {GROWTH_PCT:g}% of the window's median; and the count-adjusted series' "
         f"{QUARTERS} quarter medians do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median "
-        f"in all")
+        f"from the first to the last")
 QUIET_RULE = (f"flat: over the samples taken with no session open in the last {WINDOW} closes (or --window), "
               f"or the last {2 * QUARTERS} such samples where those are fewer, the slope of a least-squares fit of "
               f"memory on the closes before each sample, times "
               f"(window - 1), is <= {GROWTH_PCT:g}% of those samples' median; and their {QUARTERS} quarter medians "
-              f"do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median in all")
+              f"do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median from the first to the last")
 
 
 #: The host heap's parts are judged against at least this level: torch's pinned host blocks are 0 MiB in a process
@@ -210,7 +210,8 @@ def quiet_flatness(closes, values, *, window: int = WINDOW, growth_pct: float = 
     x, y = x_all[-n:], y_all[-n:]
     out.update(samples=int(len(y)), span_closes=int(np.ptp(x)) if len(x) else 0)
     if len(y) < 2 * QUARTERS or np.ptp(x) == 0:
-        return {**out, "reason": f"{len(y)} quiescent samples < {2 * QUARTERS}: flatness not shown"}
+        return {**out, "reason": f"{len(y)} quiescent samples < {2 * QUARTERS}: flatness not shown (a longer "
+                                 f"--seconds or a smaller --quiesce-every takes more)"}
     if not np.all(np.isfinite(y)):
         return {**out, "reason": "a sample in the window is missing"}
     slope = float(np.polyfit(x, y, 1)[0])
