@@ -159,6 +159,8 @@ def test_summary_leads_with_the_bytes_and_says_a_cpu_run_is_no_speed_figure(fake
     assert lines[1].startswith("speed: not measured: a CPU run checks the pipeline and the bytes")
     assert any(line.startswith("speedup (median stock / cadence per pair): ") for line in lines)
     assert any(line.startswith("A/A floor (stock / stock): ") for line in lines)
+    rows = [line.split() for line in lines if line.startswith(("stock ", "cadence "))]
+    assert any("mode's own checks" in line for line in lines) and rows and all(r[-1] == "pass" for r in rows), lines
 
 
 @pytest.mark.parametrize("bad", [{"processes": 0}, {"passes": 0}, {"warmup_pairs": -1}, {"aa_speak_units": 1.5},

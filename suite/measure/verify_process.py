@@ -186,10 +186,12 @@ class Process:
         if not self.progress:
             return None
         label = f"  process {self.index} {run}"
+        b_name = "stock again" if run == "A/A" else "cadence"
 
         def show(q) -> None:
             kind = "profiled" if q.profiled else "measured" if q.measured else "warm-up" if q.kind == "SPEAK" else "listen"
-            print(f"{label} pass {q.walk} unit {q.index} {q.kind} ({kind}): {q.a_ms:.1f} / {q.b_ms:.1f} ms"
+            print(f"{label} pass {q.walk} unit {q.index} {q.kind} ({kind}): stock {q.a_ms:.1f} ms, {b_name} "
+                  f"{q.b_ms:.1f} ms"
                   + ("" if q.equal else " BYTES DIFFER"), flush=True)
         return show
 
