@@ -340,3 +340,19 @@ def test_a_run_without_floor_records_has_no_floor_section_and_a_broken_one_is_na
                                                           "workloads": {"moshi": {"timeline": {"cadence": {}}}}}))
     with pytest.raises(ValueError, match="wrong shape"):
         document.prepare(run)
+
+
+def test_a_sitting_without_a_budget_says_so_and_one_with_a_budget_gives_it():
+    from suite.report import runs
+    sittings = [{"started_utc": "t0", "ended_utc": "t1", "budget_s": None, "git_rev": "abc", "impl_tree": "def"},
+                {"started_utc": "t2", "budget_s": 570.0, "git_rev": "abc", "impl_tree": "def"}]
+    lines = [x for x in runs.provenance_list({"workloads": {}, "state": {"sittings": sittings}}) if "sitting" in x]
+    assert lines[0].startswith("- sitting 1: t0 -> t1, no budget, commit abc") and "—" not in lines[0], lines
+    assert lines[1].startswith("- sitting 2: t2 -> unfinished, budget 570") and lines[1].count(" s,") == 1, lines
+
+
+def test_memory_measured_without_a_peak_says_no_peak_recorded():
+    from suite.report import figures
+    rec = {"modes": {m: {"memory": {}, "session_stats": {}} for m in ("stock", "cadence")}}
+    m = figures.memory_figures({"verify": {"record": rec}})
+    assert m["cadence"]["peak"] is None and m["cadence"]["how"] == f"{figures.BOTH_MODES}; no peak recorded", m

@@ -372,7 +372,7 @@ def memory_figures(entries: dict) -> dict:
         mem = rec["modes"][mode]["memory"]
         stats = rec["modes"][mode].get("session_stats") or {}
         key, peak = headline(mem)
-        level = "driver" if "driver" in key else "RSS" if "rss" in key else key
+        level = "driver" if "driver" in key else "RSS" if "rss" in key else "no peak recorded"
         src = mem.get("driver_source")
         pool = stats.get("graph_bytes", stats.get("graph_pool_bytes"))
         out[mode] = {"peak": peak, "session": mem.get("session_driver_mib", mem.get("session_rss_mib")),

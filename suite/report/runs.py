@@ -179,8 +179,9 @@ def provenance_list(data: dict) -> list[str]:
              f"- stage records dated: {dates[0]} to {dates[-1]}" if dates else "- stage records dated: " + DASH,
              "- stage commands: each record's provenance.command and stages.json"]
     for i, s in enumerate(state.get("sittings", []), 1):
-        lines.append(f"- sitting {i}: {s.get('started_utc')} -> {s.get('ended_utc', 'unfinished')}, budget "
-                     f"{fmt(s.get('budget_s'))} s" + (f", on Ray ({s['ray']})" if s.get("ray") else "")
+        lines.append(f"- sitting {i}: {s.get('started_utc')} -> {s.get('ended_utc', 'unfinished')}, "
+                     + (f"budget {fmt(s['budget_s'])} s" if s.get("budget_s") is not None else "no budget")
+                     + (f", on Ray ({s['ray']})" if s.get("ray") else "")
                      + f", commit {str(s.get('git_rev'))[:12]}, impl/ tree {str(s.get('impl_tree'))[:12]}; ran "
                      f"{len(s.get('ran', []))}, kept {len(s.get('kept', []))}"
                      + (f"; stopped: {s['stopped']}" if s.get("stopped") else "")
