@@ -241,8 +241,9 @@ def test_the_sampler_keeps_quiescent_rows_apart():
     assert q["closes"] == [5, 9] and q["open_sessions"] == [0, 0] and list(q["memory"]) == ["rss_mib"]
     assert len(s.series()["memory"]["rss_mib"]) == 1
     assert set(trend.judge_quiet(q, window=8)) == {"rss_mib"}
-    assert set(q["host"]) == {"heap_in_use_mib", "heap_free_mib"} and len(q["host"]["heap_in_use_mib"]) == 2
-    assert set(trend.judge_quiet(q, window=8, part="host")) == {"heap_in_use_mib", "heap_free_mib"}
+    heap = {"heap_in_use_mib", "heap_free_mib"} if memory.HEAP_READABLE else set()
+    assert set(q["host"]) == heap and all(len(v) == 2 for v in q["host"].values())
+    assert set(trend.judge_quiet(q, window=8, part="host")) == heap
 
 
 def test_a_host_part_near_zero_is_judged_against_one_mib_and_a_judged_series_is_not():
@@ -255,6 +256,7 @@ def test_a_host_part_near_zero_is_judged_against_one_mib_and_a_judged_series_is_
     assert not trend.judge_quiet(growing, window=40, part="host")["pinned_mib"]["flat"]
 
 
+@pytest.mark.skipif(not memory.HEAP_READABLE, reason="needs glibc >= 2.33 (mallinfo2) to read the C heap")
 def test_host_heap_sees_a_malloc_and_its_free():
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

@@ -74,6 +74,8 @@ def _mallinfo2():
 
 
 _MALLINFO2 = _mallinfo2()
+#: Whether this C library lets host_heap_mib read the heap (glibc >= 2.33).
+HEAP_READABLE = _MALLINFO2 is not None
 
 
 def host_heap_mib(device=None) -> dict:

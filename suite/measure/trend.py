@@ -52,7 +52,8 @@ QUIET_RULE = (f"flat: over the samples taken with no session open in the last {W
               f"or the last {2 * QUARTERS} such samples where those are fewer, the slope of a least-squares fit of "
               f"memory on the closes before each sample, times "
               f"(window - 1), is <= {GROWTH_PCT:g}% of those samples' median; and their {QUARTERS} quarter medians "
-              f"do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median from the first to the last")
+              f"do not rise at every step (strictly) by more than {TREND_PCT:g}% of the median from the first to "
+              f"the last")
 
 
 #: The host heap's parts are judged against at least this level: torch's pinned host blocks are 0 MiB in a process
