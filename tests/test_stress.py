@@ -401,3 +401,16 @@ def test_a_growing_host_heap_is_reported_beside_the_verdict_and_does_not_change_
     heap = rec["memory"]["host_flatness"]["heap_in_use_mib"]
     assert not heap["flat"] and heap["slope_mib_per_cycle"] > 0.5, heap     # 8 MiB per sample, a few closes apart
     assert rec["memory"]["flatness"]["rss_mib"]["flat"] and not any("heap" in r for r in rec["invalid_reasons"])
+
+
+def test_library_cache_entries_reach_the_record_and_the_table_and_leave_the_verdict(monkeypatch):
+    plans = iter(range(10 ** 6))
+    monkeypatch.setattr(trend, "rss_mib", lambda: 3000.0)
+    monkeypatch.setattr(trend, "library_caches", lambda device=None: {"cufft_plans": 5 * next(plans)})
+    rec = quick([fake_target("plain")], seconds=1.2, quiesce_every=3, window=24, threads=4)
+    quiet = rec["memory"]["quiescent"]
+    seen = quiet["caches"]["cufft_plans"]
+    assert len(seen) == len(quiet["closes"]) >= 2 and seen == sorted(seen) and seen[-1] > seen[0], quiet
+    assert f"cufft plans at quiescent samples: {seen[0]} after close {quiet['closes'][0]}" in stress.table(
+        {**rec, "verdict": "X"})
+    assert rec["memory"]["flatness"]["rss_mib"]["flat"] and not any("cufft" in r for r in rec["invalid_reasons"])

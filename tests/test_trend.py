@@ -244,6 +244,7 @@ def test_the_sampler_keeps_quiescent_rows_apart():
     heap = {"heap_in_use_mib", "heap_free_mib"} if memory.HEAP_READABLE else set()
     assert set(q["host"]) == heap and all(len(v) == 2 for v in q["host"].values())
     assert set(trend.judge_quiet(q, window=8, part="host")) == heap
+    assert q["caches"] == {}                              # no per-shape library cache is read off CUDA
 
 
 def test_a_host_part_near_zero_is_judged_against_one_mib_and_a_judged_series_is_not():

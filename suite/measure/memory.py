@@ -95,6 +95,18 @@ def host_heap_mib(device=None) -> dict:
     return out
 
 
+def library_caches(device=None) -> dict:
+    """Entries now in the per-shape caches of the libraries a step calls, which hold host memory for every new
+    shape until they are full: on a CUDA `device`, "cufft_plans", torch's cuFFT plan cache for that device
+    (torch.backends.cuda.cufft_plan_cache: one plan per FFT shape met, kept up to its max_size; torch.istft and
+    torch.stft run through it). {} off CUDA."""
+    if device is None or torch.device(device).type != "cuda":
+        return {}
+    index = torch.device(device).index
+    cache = torch.backends.cuda.cufft_plan_cache[torch.cuda.current_device() if index is None else index]
+    return {"cufft_plans": int(cache.size)}
+
+
 def reset_peak_rss() -> bool:
     """Reset the kernel's RSS high-water mark to the current RSS. True if it worked."""
     try:

@@ -39,7 +39,9 @@ each thread parks at its next draw until every thread has, and the sample is tak
 (trend.QUIET_RULE); the per-close samples and their fit stay in the record (memory.flatness_every_close), and
 summary.parked_s says how many thread-seconds the drains cost. Each quiescent sample also reads the C heap
 and torch's pinned host blocks (memory.host_heap_mib), fitted the same way into memory.host_flatness and the
-table's "(not judged)" rows: whether an RSS that rises is memory still in use or memory malloc keeps.
+table's "(not judged)" rows: whether an RSS that rises is memory still in use or memory malloc keeps; and the
+entries of the libraries' per-shape caches (memory.library_caches: torch's cuFFT plans), which hold host memory
+for every new shape met until they fill.
 """
 from __future__ import annotations
 
@@ -227,6 +229,12 @@ def table(record: dict) -> str:
                                  "slope MiB/cycle", "growth %", "flat"], floatfmt=".3f")
     reasons = record["invalid_reasons"]
     checks = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in record["checks"].items())
+    caches = (record["memory"].get("quiescent") or {}).get("caches") or {}
+    for name, values in caches.items():
+        seen = [(c, v) for c, v in zip(record["memory"]["quiescent"]["closes"], values) if v is not None]
+        if seen:
+            checks += (f"\n{name.replace('_', ' ')} at quiescent samples: {seen[0][1]} after close {seen[0][0]}, "
+                       f"{seen[-1][1]} after close {seen[-1][0]}")
     res = record["memory"].get("residue") or {}
     if res:
         ws = res["cublas_workspaces_mib"]

@@ -37,7 +37,7 @@ import threading
 import numpy as np
 import torch
 
-from suite.measure.memory import MIB, DeviceMemory, host_heap_mib, release_cached, rss_mib
+from suite.measure.memory import MIB, DeviceMemory, host_heap_mib, library_caches, release_cached, rss_mib
 
 WINDOW = 100            # cycles the target is stated over
 GROWTH_PCT = 2.0        # most growth over the window, % of its median
@@ -96,21 +96,21 @@ class MemorySampler:
         """One quiescent row: memory now, the closes before it, and how many sessions were open (0 by the
         stress's construction; recorded so that a record shows it)."""
         row = {**self.now(), "closes": int(closes), "open_sessions": int(open_sessions),
-               "host": host_heap_mib(self.device)}
+               "host": host_heap_mib(self.device), "caches": library_caches(self.device)}
         with self.lock:
             self.quiet.append(row)
 
     def quiet_series(self) -> dict:
         """{"closes": [closes before each quiescent sample], "open_sessions": [...], "memory": {name: [MiB]} (the
         series the rule judges), "host": {name: [MiB]} (memory.host_heap_mib at each sample: what RSS is made of,
-        not judged)}."""
+        not judged), "caches": {name: [entries]} (memory.library_caches: caches that grow with new shapes)}."""
         with self.lock:
             rows = list(self.quiet)
-        keys = [k for k in (rows[0] if rows else {}) if k not in ("closes", "open_sessions", "host")]
-        host = sorted({k for r in rows for k in r.get("host", {})})
+        keys = [k for k in (rows[0] if rows else {}) if k not in ("closes", "open_sessions", "host", "caches")]
+        parts = {part: sorted({k for r in rows for k in r.get(part, {})}) for part in ("host", "caches")}
         return {"closes": [r["closes"] for r in rows], "open_sessions": [r["open_sessions"] for r in rows],
                 "memory": {k: [r[k] for r in rows] for k in keys},
-                "host": {k: [r.get("host", {}).get(k) for r in rows] for k in host}}
+                **{part: {k: [r.get(part, {}).get(k) for r in rows] for k in names} for part, names in parts.items()}}
 
     def series(self) -> dict:
         """{"memory": {name: [MiB per cycle]}, "counts": {name: [count per cycle]}} (a count absent from a row
