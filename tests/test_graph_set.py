@@ -48,3 +48,28 @@ def test_signatures_rank_by_how_many_scripts_meet_them_once_per_script_ties_by_f
     assert ranked(scripts) == ["b", "a", "c", "d"]        # b, a, c in 2 scripts each (first met in that order); d in 1
     assert ranked([["a", "a", "a"], ["b"], ["b"]]) == ["b", "a"]       # a script meeting a three times counts once
     assert ranked([]) == []
+
+
+class Caps:
+    turn_state, max_payload = "reset", 25
+
+
+def test_the_slack_walk_predicts_a_full_unit_after_each_unit_and_a_new_turn_after_a_final_one():
+    units = [U(kind="SPEAK", turn=0, final=False, payload=[1] * 25), U(kind="SPEAK", turn=0, final=False, payload=[1] * 20),
+             U(kind="SPEAK", turn=0, final=True, payload=[1] * 3), U(kind="LISTEN", turn=0, final=False, payload=None),
+             U(kind="SPEAK", turn=1, final=False, payload=[1] * 25)]
+    walked = graph_set.slack_walk(FakeClocks(), units, Caps)
+    assert [w.position for w in walked] == ["turn_start", "short", "final", "turn_start"]
+    assert [w.predicted for w in walked] == [(("step", 1, 25, False),), (("step", 1, 25, False),),
+                                             (("step", 2, 25, False),), (("step", 2, 25, False),)]
+    assert [w.signatures for w in walked] == [(("step", 1, 25, False),), (("step", 1, 20, False),),
+                                              (("step", 1, 3, True),), (("step", 2, 25, False),)]
+
+
+def test_predicted_signatures_captured_in_the_slack_spare_the_unit_that_meets_them():
+    script = [("a",), ("b",), ("c",), ("b",)]
+    predicted = [("b",), ("x",), ("y",), ()]
+    positions = ["turn_start", "full", "final", "turn_start"]
+    assert graph_set.eager_units(script, set(), positions=positions) == (3, 3, {"turn_start": 1, "full": 1, "final": 1})
+    # b was predicted after the first unit: only a and c run eagerly; x and y are held though never met
+    assert graph_set.eager_units(script, set(), predicted, positions) == (2, 5, {"turn_start": 1, "final": 1})

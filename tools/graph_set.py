@@ -18,7 +18,10 @@ signatures that the most scripts of the learn recordings meet (workloads.traffic
 K; K = 0 captures nothing ahead. Per K: the share of units with
 work that run eagerly (all sessions together, and the median and p90 per session) and the graphs a session
 holds at its end (median, max). Flow-matching workloads also get the row of `prepare(None)` (the steady
-signatures of a full-unit turn).
+signatures of a full-unit turn). Each row comes twice: as above, and "+ slack": the session also captures,
+after every unit, the next unit's signatures the duplex harness's slack predicts from the clocks
+(`suite.measure.slack.next_signatures`: a full unit, in a new turn where none is open). Each row says where its
+eager units stand (POSITIONS: a turn's first unit, its final one, a shorter unit inside a turn, a full one).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import json
 import os
 import sys
 from collections import Counter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -41,71 +45,115 @@ def walk(clocks, units) -> list:
 
 def unit_signatures(clocks, units) -> list[tuple]:
     """Per unit with work (as `walk` walks them), the signatures of its steps."""
+    return [u.signatures for u in slack_walk(clocks, units)]
+
+
+class Walked(NamedTuple):
+    """One unit with work of a script walked through the clocks: its steps' signatures, the next unit's
+    signatures the duplex harness's slack asks for after it (`suite.measure.slack.next_signatures`; () without
+    capabilities), and where it stands (POSITIONS)."""
+    signatures: tuple
+    predicted: tuple
+    position: str
+
+
+#: Where a unit with work stands: the first SPEAK unit of a turn, the last (final), a SPEAK unit carrying less
+#: than the session's max_payload that is neither, any other SPEAK unit, a LISTEN unit with a payload (Moshi).
+POSITIONS = ("turn_start", "final", "short", "full", "listen")
+
+
+def slack_walk(clocks, units, capabilities=None) -> list[Walked]:
+    """The units with work of one script, walked from a copy of `clocks` as the duplex harness runs them: a turn
+    opened at each SPEAK unit of a new turn, closed after its final unit; with `capabilities` (the session's),
+    also each unit's predicted next signatures, from a copy of the clocks after it."""
     from suite.measure.paired import payload_size
+    from suite.measure.slack import next_signatures
 
     c, out, turn = clocks.copy(), [], None
     for u in units:
         if u.kind != "SPEAK" and u.payload is None:
             continue
-        if u.kind == "SPEAK" and u.turn != turn:
-            c.start_turn()
-            turn = u.turn
-        out.append(tuple(c.unit(payload_size(u.payload), bool(u.kind == "SPEAK" and u.final))))
+        size, final, position = payload_size(u.payload), bool(u.kind == "SPEAK" and u.final), "listen"
+        if u.kind == "SPEAK":
+            position = "turn_start" if u.turn != turn else ("final" if final else "full")
+            if u.turn != turn:
+                c.start_turn()
+                turn = u.turn
+        sigs = tuple(c.unit(size, final))
+        if position == "full" and capabilities is not None and size < capabilities.max_payload:
+            position = "short"
+        if final:
+            turn = None
+        predicted = () if capabilities is None else tuple(next_signatures(c.copy(), capabilities, turn is not None))
+        out.append(Walked(sigs, predicted, position))
     return out
 
 
-def eager_units(script: list[tuple], prepared: set) -> tuple[int, int]:
+def eager_units(script: list[tuple], prepared: set, predicted: list[tuple] | None = None,
+                positions: list[str] | None = None) -> tuple:
     """(units that meet a signature not captured yet, graphs held at the end) for one session that starts
-    with `prepared` captured and captures every signature right after the unit that first meets it."""
-    have, eager = set(prepared), 0
-    for sigs in script:
+    with `prepared` captured and captures every signature right after the unit that first meets it and, with
+    `predicted` (one tuple per unit), the next unit's predicted signatures after each unit, as the duplex
+    harness's slack does. With `positions` (one per unit), a third item: {position: eager units there}."""
+    have, eager, where = set(prepared), 0, Counter()
+    for i, sigs in enumerate(script):
         if not have.issuperset(sigs):
             eager += 1
-            have.update(sigs)
-    return eager, len(have)
+            if positions is not None:
+                where[positions[i]] += 1
+        have.update(sigs)
+        if predicted is not None:
+            have.update(predicted[i])
+    return (eager, len(have)) if positions is None else (eager, len(have), dict(where))
 
 
 def coverage(name: str, units: int, budgets: list[int]) -> dict:
     """The `--coverage` rows of one workload (module docstring)."""
-    clocks = open_clocks(name)
+    clocks, capabilities = open_clocks(name, capabilities=True)
     import workloads
     from workloads import traffic
 
     wl = workloads.get(name)
-    by_rec: dict[str, list[list[tuple]]] = {}
+    by_rec: dict[str, list[list[Walked]]] = {}
     for w in traffic.windows(units):
         try:
-            script = unit_signatures(clocks, traffic.session_script(wl.architecture, w, 0).units)
+            script = slack_walk(clocks, traffic.session_script(wl.architecture, w, 0).units, capabilities)
         except Exception:  # noqa: BLE001  (refused scripts are reported by workload_set)
             continue
         by_rec.setdefault(w.recording, []).append(script)
     from suite.measure.duplex_run import ranked as rank
 
     learn, serve = traffic.split()
-    ranked = rank((s for sigs in sc for s in sigs) for rec in learn for sc in by_rec.get(rec, []))
+    ranked = rank((s for u in sc for s in u.signatures) for rec in learn for sc in by_rec.get(rec, []))
     plans = {f"top {k}": set(ranked[:k]) for k in budgets}
     if wl.architecture == "flow_hift":
         from duplexcadence.adapters.flow_hift.plan import steady_signatures
         plans["prepare(None)"] = set(steady_signatures(clocks))
     rows = {}
     for label, prepared in plans.items():
-        eager, work, shares, held = 0, 0, [], []
-        for rec in serve:
-            for sc in by_rec.get(rec, []):
-                e, g = eager_units(sc, prepared)
-                eager, work = eager + e, work + len(sc)
-                shares.append(e / max(len(sc), 1))
-                held.append(g)
-        rows[label] = {"eager_share": eager / max(work, 1), "eager_share_per_session_median": float(np.median(shares)),
-                       "eager_share_per_session_p90": float(np.percentile(shares, 90)),
-                       "graphs_per_session_median": float(np.median(held)), "graphs_per_session_max": max(held),
-                       "units_with_work": work}
+        for slack in (False, True):
+            eager, work, shares, held, where = 0, 0, [], [], Counter()
+            for rec in serve:
+                for sc in by_rec.get(rec, []):
+                    e, g, at = eager_units([u.signatures for u in sc], prepared,
+                                           [u.predicted for u in sc] if slack else None, [u.position for u in sc])
+                    eager, work = eager + e, work + len(sc)
+                    shares.append(e / max(len(sc), 1))
+                    held.append(g)
+                    where.update(at)
+            rows[label + (" + slack" if slack else "")] = {
+                "eager_share": eager / max(work, 1), "eager_share_per_session_median": float(np.median(shares)),
+                "eager_share_per_session_p90": float(np.percentile(shares, 90)),
+                "graphs_per_session_median": float(np.median(held)), "graphs_per_session_max": max(held),
+                "units_with_work": work, "eager_units": eager,
+                "eager_by_position": {k: where.get(k, 0) for k in POSITIONS}}
     return {"workload": name, "units": units, "learn": list(learn), "serve": list(serve),
             "learned_signatures": len(ranked), "rows": rows}
 
 
-def open_clocks(name: str):
-    """A DuplexCadence session's clocks for workload `name` (reduced depth, CPU; the session is closed)."""
+def open_clocks(name: str, capabilities: bool = False):
+    """A DuplexCadence session's clocks for workload `name` (reduced depth, CPU; the session is closed); with
+    `capabilities`, (clocks, the session's Capabilities)."""
     import workloads
     from duplexcadence import runtime
     from suite.measure.session import make_spec
@@ -114,9 +162,9 @@ def open_clocks(name: str):
     adapter = runtime.adapter(wl.architecture)
     model = adapter.build_model(make_spec(wl), device="cpu", depth="reduced", seed=0)
     session = adapter.new_session(model, "cadence", make_spec(wl))
-    clocks = session.clocks()
+    clocks, caps = session.clocks(), session.capabilities
     session.close()
-    return clocks
+    return (clocks, caps) if capabilities else clocks
 
 
 def workload_set(name: str, units: int) -> dict:
@@ -162,9 +210,11 @@ def main(argv=None) -> int:
     cover = [coverage(n, args.units, args.coverage) for n in names] if args.coverage is not None else []
     for c in cover:
         for label, r in c["rows"].items():
-            print(f"{c['workload']:18s} {label:14s} eager units {100 * r['eager_share']:5.1f}% (per session median "
+            at = ", ".join(f"{k} {v}" for k, v in r["eager_by_position"].items() if v)
+            print(f"{c['workload']:18s} {label:22s} eager units {100 * r['eager_share']:5.1f}% (per session median "
                   f"{100 * r['eager_share_per_session_median']:.1f}%, p90 {100 * r['eager_share_per_session_p90']:.1f}%)"
-                  f"  graphs per session median {r['graphs_per_session_median']:.0f} max {r['graphs_per_session_max']}")
+                  f"  graphs per session median {r['graphs_per_session_median']:.0f} max {r['graphs_per_session_max']}"
+                  f"  eager at: {at or 'none'}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": " ".join(sys.argv), "rows": rows, "coverage": cover}, f, indent=1)

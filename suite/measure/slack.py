@@ -30,6 +30,18 @@ from duplexcadence.session import SessionStats
 COUNTERS = ("captures", "eager_fallbacks", "warmup_runs", "capture_failures")
 
 
+def next_signatures(clocks, capabilities, turn_open: bool) -> list:
+    """The likely next unit's signatures, walked on `clocks` (a copy the caller gives up: it is advanced): a full
+    unit (capabilities.max_payload), not final, in a new turn where none is open (a session whose turn_state is
+    "stream" never opens one). [] where the clocks refuse it (a bound: nothing further can run at that size)."""
+    try:
+        if not turn_open and capabilities.turn_state != "stream":
+            clocks.start_turn()
+        return clocks.unit(capabilities.max_payload, False)
+    except InputError:
+        return []
+
+
 class SlackCapture:
     """The capture policy of one cadence session (module docstring). lock: a context manager held around every
     `prepare` of the slack (None: none). `start()` after the session's prepare(None) and warm-up, before its
@@ -72,16 +84,8 @@ class SlackCapture:
         return self.job
 
     def next_signatures(self) -> list:
-        """The likely next unit's signatures from a copy of the clocks now: a full unit (max_payload), not final,
-        in a new turn where none is open (a session that streams never opens one). [] where the clocks refuse it
-        (a bound: nothing further can run at that size)."""
-        clocks = self.session.clocks()
-        try:
-            if not self.turn_open and self.session.capabilities.turn_state != "stream":
-                clocks.start_turn()
-            return clocks.unit(self.session.capabilities.max_payload, False)
-        except InputError:
-            return []
+        """The likely next unit's signatures from the session's clocks now (`next_signatures`)."""
+        return next_signatures(self.session.clocks(), self.session.capabilities, self.turn_open)
 
     def job(self) -> dict:
         """The slack work: capture what the last units met without a graph and the likely next unit's
