@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace as U
 
+from duplexcadence.errors import InputError
 from tools import graph_set
 
 
@@ -73,3 +74,31 @@ def test_predicted_signatures_captured_in_the_slack_spare_the_unit_that_meets_th
     assert graph_set.eager_units(script, set(), positions=positions) == (3, 3, {"turn_start": 1, "full": 1, "final": 1})
     # b was predicted after the first unit: only a and c run eagerly; x and y are held though never met
     assert graph_set.eager_units(script, set(), predicted, positions) == (2, 5, {"turn_start": 1, "final": 1})
+
+
+class RampClocks(FakeClocks):
+    """A turn's full units ramp for two units, then repeat; the unit's signature names its place in the turn."""
+
+    def copy(self):
+        c = RampClocks()
+        c.turns, c.k = self.turns, getattr(self, "k", 0)
+        return c
+
+    def start_turn(self):
+        self.turns, self.k = self.turns + 1, 0
+
+    def unit(self, size, final=False):
+        if size > 25:
+            raise InputError(f"size {size} > 25")
+        place, self.k = min(self.k, 2), self.k + 1
+        return [("step", place, size, final)]
+
+
+def test_the_turn_family_holds_every_first_unit_every_final_after_the_ramp_and_the_steady_full_unit():
+    fam = graph_set.turn_family(RampClocks(), Caps)
+    firsts = {("step", 0, n, f) for n in range(26) for f in (False, True)}
+    finals = {("step", p, n, True) for p in (1, 2) for n in range(26)}
+    full = {("step", p, 25, False) for p in (0, 1, 2)}
+    assert set(fam) == firsts | finals | full and len(fam) == len(set(fam))
+    # a shorter unit inside a turn is not in it: the family is turns of full units between any first and last
+    assert ("step", 1, 20, False) not in fam
