@@ -15,7 +15,7 @@ import workloads
 from duplexcadence.clocks import signature
 from duplexcadence.errors import InputError
 from suite import records
-from suite.measure import ar_stage, duplex, duplex_run, duplex_session, scheduler
+from suite.measure import ar_stage, duplex, duplex_run, duplex_session, scheduler, slack
 from suite.measure.duplex_run import Traffic
 from suite.measure.scheduler import AdmissionError
 from suite.report import figures
@@ -407,8 +407,29 @@ def test_cuda_sessions_on_streams_give_the_bytes_of_each_session_alone(fake, pol
     assert all(u["device_ms"] is not None for u in run["units"] if u["start_ms"] is not None)
 
 
+def test_prepare_turns_captures_the_clocks_turn_family_at_open_whatever_the_script(fake, monkeypatch):
+    """--prepare turns: before the cadence each session asks for slack.turn_family of its fresh clocks, the same
+    set for sessions that play different scripts (nothing of a script is read), beside prepare(None)."""
+    asked: dict = {}
+    real_prepare = fakes.FakeSession.prepare
+
+    def prep(self, signatures=None):
+        if signatures is not None and id(self) not in asked:
+            asked[id(self)] = list(signatures)
+        return real_prepare(self, signatures)
+
+    monkeypatch.setattr(fakes.FakeSession, "prepare", prep)
+    run, plans, model = _run(fakes.workload(), fake, "cadence", 3, clock=FakeClock(), prepare="turns")
+    family = slack.turn_family(fake.new_session(model, "cadence", {}).clocks(), fakes.FakeSession.capabilities)
+    assert len({p.source["window"] for p in plans}) == 3 and len(asked) == 3
+    assert all(sigs == family for sigs in asked.values()) and len(family) > len(fakes.VOICE)
+    assert all(a["prepared"]["turns"]["captures"] > 0 and a["prepared"]["oracle"] is None for a in run["admission"])
+    assert run["prepare"] == "turns" and run["captures_inside_timed_units"] == 0
+
+
 # --- prepare learned:K ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("how, k", [("voice", None), ("oracle", None), ("learned:12", 12), ("learned:1", 1)])
+@pytest.mark.parametrize("how, k", [("voice", None), ("turns", None), ("oracle", None), ("learned:12", 12),
+                                    ("learned:1", 1)])
 def test_learned_graphs_reads_k_from_the_prepare_option(how, k):
     assert duplex_session.learned_graphs(how) == k
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from types import SimpleNamespace as U
 
 from duplexcadence.errors import InputError
+from suite.measure import slack
 from tools import graph_set
 
 
@@ -95,7 +96,7 @@ class RampClocks(FakeClocks):
 
 
 def test_the_turn_family_holds_every_first_unit_every_final_after_the_ramp_and_the_steady_full_unit():
-    fam = graph_set.turn_family(RampClocks(), Caps)
+    fam = slack.turn_family(RampClocks(), Caps)
     firsts = {("step", 0, n, f) for n in range(26) for f in (False, True)}
     finals = {("step", p, n, True) for p in (1, 2) for n in range(26)}
     full = {("step", p, 25, False) for p in (0, 1, 2)}

@@ -784,6 +784,12 @@ def test_a_search_without_a_clean_count_is_an_upper_bound_and_below_the_target_n
     line = row_of("\n".join(lines), "", "minicpmo45")
     assert "| unseen scripts, learned:128 graphs learned from the other recordings | — | N=30: 70 MiB, 398 captures " \
            "(0 in a timed unit), 307 eager steps |" in line
+    m["prepare"] = "turns"                           # every turn's graphs from the clocks: not an oracle either
+    e = done_duplex_stages(tmp_path / "d", {"duplex_cadence": cadence})
+    assert claims.sessions("minicpmo45", e).verdict == "open"
+    line = row_of("\n".join(document.sessions_section({"workloads": {"minicpmo45": e}, "state": {}}, [], "")), "",
+                  "minicpmo45")
+    assert "| unseen scripts, every turn's graphs from the clocks | — | N=30: 70 MiB" in line
 
 
 def _mode_runs(best, counts_misses) -> dict:

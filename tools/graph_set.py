@@ -19,7 +19,8 @@ K; K = 0 captures nothing ahead. Per K: the share of units with
 work that run eagerly (all sessions together, and the median and p90 per session) and the graphs a session
 holds at its end (median, max). Flow-matching workloads also get the row of `prepare(None)` (the steady
 signatures of a full-unit turn), and every workload the row "turns" (`turn_family`: every signature the clocks
-say a turn of full units between a first and a last unit of any size meets). Each row comes twice: as above, and "+ slack": the session also captures,
+say a turn of full units between a first and a last unit of any size meets: `suite.measure.slack.turn_family`,
+what `suite.measure.duplex --prepare turns` captures at open). Each row comes twice: as above, and "+ slack": the session also captures,
 after every unit, the next unit's signatures the duplex harness's slack predicts from the clocks
 (`suite.measure.slack.next_signatures`: a full unit, in a new turn where none is open). Each row says where its
 eager units stand (POSITIONS: a turn's first unit, its final one, a shorter unit inside a turn, a full one).
@@ -108,41 +109,6 @@ def eager_units(script: list[tuple], prepared: set, predicted: list[tuple] | Non
     return (eager, len(have)) if positions is None else (eager, len(have), dict(where))
 
 
-def turn_family(clocks, capabilities, max_full: int = 8) -> list:
-    """Every signature a turn can meet from `clocks` (a copy is walked), known from the clocks alone: a turn
-    opened, its first unit of any size (0 to capabilities.max_payload tokens or frames, final or not), then full
-    units until one repeats the previous one's signatures (at most `max_full`), and after each of those the final
-    unit of any size. What the clocks say every turn of a voice can need where its units are full between a
-    first and a last unit of any size; a turn that carries a shorter unit inside it can meet others. Sizes the
-    clocks refuse are left out. Ordered, without repeats."""
-    from duplexcadence.clocks import ClockError
-    from duplexcadence.errors import InputError
-
-    found: dict = {}
-
-    def add(c, size, final):
-        try:
-            found.update(dict.fromkeys(c.copy().unit(size, final)))
-        except (InputError, ClockError):
-            pass
-    c, prev = clocks.copy(), None
-    c.start_turn()
-    for k in range(max_full):
-        for size in range(capabilities.max_payload + 1):
-            add(c, size, True)
-            if k == 0:
-                add(c, size, False)
-        try:
-            sigs = c.unit(capabilities.max_payload, False)
-        except (InputError, ClockError):
-            break
-        found.update(dict.fromkeys(sigs))
-        if sigs == prev:
-            break
-        prev = sigs
-    return list(found)
-
-
 def coverage(name: str, units: int, budgets: list[int]) -> dict:
     """The `--coverage` rows of one workload (module docstring)."""
     clocks, capabilities = open_clocks(name, capabilities=True)
@@ -158,6 +124,7 @@ def coverage(name: str, units: int, budgets: list[int]) -> dict:
             continue
         by_rec.setdefault(w.recording, []).append(script)
     from suite.measure.duplex_run import ranked as rank
+    from suite.measure.slack import turn_family
 
     learn, serve = traffic.split()
     ranked = rank((s for u in sc for s in u.signatures) for rec in learn for sc in by_rec.get(rec, []))

@@ -83,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slack", default="idle", choices=scheduler.SLACKS,
                    help="edf: slack captures in the scheduler's idle time (idle) or right after the unit (after)")
     p.add_argument("--prepare", default="voice", type=prepare_arg, metavar="|".join(PREPARES),
-                   help="graphs before the cadence: voice (prepare(None)), learned:K (also the K signatures most "
+                   help="graphs before the cadence: voice (prepare(None)), turns (also every signature the clocks "
+                        "say a turn of full units between a first and a last unit of any size meets: "
+                        "suite.measure.slack.turn_family), learned:K (also the K signatures most "
                         "sessions of the learn half of the recordings meet; sessions then run on the serve half "
                         "only: workloads.traffic.split) or oracle (also the session's own script: foreknowledge, "
                         "labelled)")

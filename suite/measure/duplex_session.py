@@ -21,11 +21,12 @@ import torch
 from duplexcadence import gate
 from duplexcadence.errors import InputError
 from suite.measure.session import select_units
+from suite.measure.slack import turn_family
 
 PERIOD_S = 1.0                 # the duplex cadence
 VARIANT_SHIFT = 97             # id shift per payload variant
 WARMUP_TURN_UNITS = 4          # full SPEAK units of the warm-up turn (synthetic payloads)
-PREPARES = ("voice", "oracle", "learned:K")  # what a cadence session captures before the cadence
+PREPARES = ("voice", "turns", "oracle", "learned:K")  # what a cadence session captures before the cadence
 PROGRESS_S = 10.0              # a progress line at most this often while a run is on the cadence
 
 
@@ -97,9 +98,9 @@ def has_work(unit: DuplexUnit) -> bool:
 
 
 def learned_graphs(how: str) -> int | None:
-    """K of a "learned:K" prepare (an int >= 1), None for "voice" and "oracle". Raises ValueError naming
+    """K of a "learned:K" prepare (an int >= 1), None for "voice", "turns" and "oracle". Raises ValueError naming
     `prepare` for anything else."""
-    if how in ("voice", "oracle"):
+    if how in ("voice", "turns", "oracle"):
         return None
     head, _, k = str(how).partition(":")
     if head != "learned" or not k.isdigit() or int(k) < 1:
@@ -196,16 +197,20 @@ class Driver:
         return self.slack.note(unit, opened_turn=self.opened, turn_open=self.turn is not None)
 
     def prepare(self, units: list[DuplexUnit], how: str = "voice", learned: list | None = None) -> dict:
-        """Capture before the cadence: `prepare(None)` (what every turn of the voice needs); with "oracle" also
+        """Capture before the cadence: `prepare(None)` (what every turn of the voice needs); with "turns" also
+        `slack.turn_family` of the session's clocks now (every signature a turn of full units between a first
+        and a last unit of any size meets: the clocks alone, no script); with "oracle" also
         `oracle_signatures(units)` of this session's own script; with "learned:K" also `learned` (signatures
         learned from other recordings' traffic: duplex_run.learned_signatures). Returns {"voice": deltas,
-        "oracle": deltas or None, "learned": deltas or None, "ms"}; a no-op (zeros) for sessions that capture
-        nothing. Raises ValueError for another `how`, or "learned:K" without `learned`."""
+        "turns", "oracle", "learned": deltas or None, "ms"}; a no-op (zeros) for sessions that capture nothing.
+        Raises ValueError for another `how`, or "learned:K" without `learned`."""
         k = learned_graphs(how)
         if k is not None and learned is None:
             raise ValueError(f"prepare: {how!r} needs the learned signatures")
         t0 = time.perf_counter()
-        out = {"voice": self.session.prepare(None), "oracle": None, "learned": None}
+        out = {"voice": self.session.prepare(None), "turns": None, "oracle": None, "learned": None}
+        if how == "turns":
+            out["turns"] = self.session.prepare(turn_family(self.session.clocks(), self.session.capabilities))
         if how == "oracle":
             out["oracle"] = self.session.prepare(oracle_signatures(self.session, units))
         if k is not None:

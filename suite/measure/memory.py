@@ -96,10 +96,8 @@ def host_heap_mib(device=None) -> dict:
 
 
 def library_caches(device=None) -> dict:
-    """Entries now in the per-shape caches of the libraries a step calls, which hold host memory for every new
-    shape until they are full: on a CUDA `device`, "cufft_plans", torch's cuFFT plan cache for that device
-    (torch.backends.cuda.cufft_plan_cache: one plan per FFT shape met, kept up to its max_size; torch.istft and
-    torch.stft run through it). {} off CUDA."""
+    """Entries now in per-shape library caches (host memory per new shape, kept until full): on a CUDA `device`,
+    "cufft_plans", torch.backends.cuda.cufft_plan_cache's plans (torch.istft / stft use it). {} off CUDA."""
     if device is None or torch.device(device).type != "cuda":
         return {}
     index = torch.device(device).index

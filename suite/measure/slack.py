@@ -2,7 +2,8 @@
 timed unit, never from the session's future.
 
 At open the harness calls `session.prepare(None)` (voice registration: what the clocks say every turn of the
-voice needs). Then, per unit of the cadence (`SlackCapture`):
+voice needs), and with `--prepare turns` also `session.prepare(turn_family(...))`: every signature a turn of full
+units between a first and a last unit of any size meets, from the clocks alone. Then, per unit of the cadence (`SlackCapture`):
 
 * `note(unit, ...)`, right after the unit's work and its lateness are recorded (outside its timed window): the
   session's counters since the last slack job give what ran inside the unit (captures: must stay 0; eager
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from duplexcadence.clocks import ClockError
 from duplexcadence.errors import InputError
 from duplexcadence.session import SessionStats
 
@@ -40,6 +42,38 @@ def next_signatures(clocks, capabilities, turn_open: bool) -> list:
         return clocks.unit(capabilities.max_payload, False)
     except InputError:
         return []
+
+
+def turn_family(clocks, capabilities, max_full: int = 8) -> list:
+    """Every signature a turn can meet from `clocks` (a copy is walked), known from the clocks alone: a turn
+    opened, its first unit of any size (0 to capabilities.max_payload tokens or frames, final or not), then full
+    units until one repeats the previous one's signatures (at most `max_full`), and after each of those the final
+    unit of any size. What the clocks say every turn of a voice can need where its units are full between a
+    first and a last unit of any size; a turn that carries a shorter unit inside it can meet others. Sizes the
+    clocks refuse are left out. Ordered, without repeats."""
+    found: dict = {}
+
+    def add(c, size, final):
+        try:
+            found.update(dict.fromkeys(c.copy().unit(size, final)))
+        except (InputError, ClockError):
+            pass
+    c, prev = clocks.copy(), None
+    c.start_turn()
+    for k in range(max_full):
+        for size in range(capabilities.max_payload + 1):
+            add(c, size, True)
+            if k == 0:
+                add(c, size, False)
+        try:
+            sigs = c.unit(capabilities.max_payload, False)
+        except (InputError, ClockError):
+            break
+        found.update(dict.fromkeys(sigs))
+        if sigs == prev:
+            break
+        prev = sigs
+    return list(found)
 
 
 class SlackCapture:

@@ -144,6 +144,8 @@ def sessions_section(data: dict, files: list[str], prefix: str) -> list[str]:
                else "one shared script")
         if how == "unseen scripts" and str(fc.get("prepare") or "").startswith("learned:"):
             how += f", {fc['prepare']} graphs learned from the other recordings"
+        elif how == "unseen scripts" and fc.get("prepare") == "turns":
+            how += ", every turn's graphs from the clocks"
         missing = "".join(f"; {m}: {status(e, h)}" for m, h in (("stock", "duplex_stock"), ("cadence", "duplex_cadence"))
                           if m not in d["modes"])
         g = (fc or {}).get("graphs")
