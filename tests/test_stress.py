@@ -414,3 +414,47 @@ def test_library_cache_entries_reach_the_record_and_the_table_and_leave_the_verd
     assert f"cufft plans at quiescent samples: {seen[0]} after close {quiet['closes'][0]}" in stress.table(
         {**rec, "verdict": "X"})
     assert rec["memory"]["flatness"]["rss_mib"]["flat"] and not any("cufft" in r for r in rec["invalid_reasons"])
+
+
+class CountsOpenAtOnce(fakes.FakeSession):
+    """Records, on its model, how many of its kind are open now and the most ever open at once, and which units
+    each spoke."""
+
+    def __init__(self, model, mode):
+        super().__init__(model, mode)
+        model["now"] = model.get("now", 0) + 1
+        model["most"] = max(model.get("most", 0), model["now"])
+        self.spoken = []
+        model.setdefault("warm", []).append(self)
+
+    def speak(self, tokens, *, final=False):
+        self.spoken.append((list(tokens) if tokens is not None else None, final))
+        return super().speak(tokens, final=final)
+
+    def close(self):
+        if not self.closed:
+            self.model["now"] -= 1
+        super().close()
+
+
+def test_warm_up_holds_threads_sessions_at_once_then_closes_them(monkeypatch):
+    """On CUDA with "cadence" in the run: per target, `threads` cadence sessions open together, each playing the
+    first max_units units with work of script i % scripts; all closed before the threads start. Off CUDA: none."""
+    target = fake_target("warm", adapter=adapter_of(CountsOpenAtOnce))
+    run = stress.Stress([target], ("stock", "cadence"), threads=3, seconds=0.1, seed=0, max_units=2, device="cpu",
+                        progress=False)
+    assert run.warm_up() == {} and "warm" not in target.model          # CPU: no graphs, no warm-up
+    monkeypatch.setattr(run, "device", types.SimpleNamespace(type="cuda"))
+    (row,) = run.warm_up().values()
+    sessions = target.model["warm"]
+    assert run.exceptions == [], run.exceptions[:1]
+    assert target.model["most"] == 3 and target.model["now"] == 0
+    assert [s.mode for s in sessions] == ["cadence"] * 3 and all(s.closed for s in sessions)
+    assert row["sessions"] == 3 and row["units"] == 6
+    for i, s in enumerate(sessions):
+        want = [(u.payload, bool(u.kind == "SPEAK" and u.final)) for u in target.work[i % 2][:2]]
+        assert s.spoken == [(list(p) if p is not None else None, f) for p, f in want]
+    only_stock = stress.Stress([target], ("stock",), threads=3, seconds=0.1, seed=0, max_units=2, device="cpu",
+                               progress=False)
+    monkeypatch.setattr(only_stock, "device", types.SimpleNamespace(type="cuda"))
+    assert only_stock.warm_up() == {}

@@ -12,6 +12,12 @@ a session (`prepare(None)`: what a server captures for the voice), speaks the fi
 that carry work (`start_turn()` at a turn's first SPEAK unit, `final` on its last), closes it, mid-turn or
 not, and draws the next. Nothing is paced: the threads speak as fast as they can, so their steps interleave.
 
+Before the threads start, on CUDA (--no-warm-up skips it): --threads DuplexCadence sessions of each workload
+open at once, each speaking the first --max-units units of a script, then closed (Stress.warm_up). The CUDA
+driver keeps the memory of destroyed graph executables for later graphs, at the high-water of graph nodes
+instantiated at once; without the warm-up the memory samples step up whenever the random draws first hold
+more graph sessions at once, which is a high-water, not growth per close.
+
 Sessions an adapter refuses to share: a ConcurrencyError at open is retried whenever another session of the
 model closes (counted: refused_at_open); a session whose `capabilities.concurrent` is False makes every call
 under a lock of its model instance that the harness holds (counted: serialised), as suite.measure.duplex's
@@ -95,26 +101,31 @@ def build_targets(names, device, *, depth="released", steps=None, prompt_seconds
 # --- the run --------------------------------------------------------------------------------------------
 def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_units=12, device="cpu",
                window=trend.WINDOW, reference="shared", progress=True, hang_s=HANG_S, on_stress=None,
-               memory_sites: bool = False, quiesce_every: int = 0) -> dict:
+               memory_sites: bool = False, quiesce_every: int = 0, warm_up: bool = True) -> dict:
     """The stress on built `targets` and its record (without provenance): parameters, summary, per-kind rows,
     sessions, differences, exceptions, references, memory (samples, flatness, start / end, and the residue once
     everything closed: suite.measure.memory.residue, with allocation sites when `memory_sites` recorded them),
     checks, reasons. on_stress(record): called once the threads are done, before the references run, with the
     record so far (no unit compared yet). quiesce_every: closes between quiescent samples, 0 for none (module
-    docstring). Raises ValueError for an unknown mode or reference, or a quiesce_every that is no int >= 0."""
+    docstring). warm_up: Stress.warm_up before the threads start (CUDA with "cadence" only). Raises ValueError
+    for an unknown mode or reference, or a quiesce_every that is no int >= 0."""
     if any(m not in MODES for m in modes) or reference not in REFERENCES:
         raise ValueError(f"modes: expected a subset of {MODES}, reference one of {REFERENCES}; got {modes}, "
                          f"{reference!r}")
     with memory.allocation_history(torch.device(device), enabled=memory_sites) as history:
         return _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress,
-                           hang_s, on_stress, history if memory_sites else None, quiesce_every)
+                           hang_s, on_stress, history if memory_sites else None, quiesce_every, warm_up)
 
 
 def _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress, hang_s,
-                on_stress, history, quiesce_every) -> dict:
+                on_stress, history, quiesce_every, warm_up) -> dict:
     stress = Stress(targets, modes, threads=threads, seconds=seconds, seed=seed, max_units=max_units,
                     device=device, progress=progress, hang_s=hang_s, quiesce_every=quiesce_every)
-    facts = {"start": stress.sampler.now(), "wall_s": stress.run()}
+    facts = {"before_warm_up": stress.sampler.now()}
+    facts["warm_up"] = stress.warm_up() if warm_up else None
+    if progress and facts["warm_up"]:
+        print(f"  warm-up: {facts['warm_up']}", flush=True)
+    facts.update(start=stress.sampler.now(), wall_s=stress.run())
     if stress.device.type == "cuda":
         gate.synchronize(stress.device)
     facts.update(end=stress.sampler.now(), in_stress=len(stress.exceptions),
@@ -122,6 +133,7 @@ def _stress_run(targets, modes, threads, seconds, seed, max_units, device, windo
                          "cuda_graphs_alive_after": alive(torch.cuda.CUDAGraph), "vmm_mapped_mib_after": vmm_mapped_mib()})
     params = {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads, "seconds": seconds,
               "seed": seed, "max_units": max_units, "window": window, "quiesce_every": quiesce_every,
+              "warm_up": warm_up,
               "hang_s": hang_s, "reference": reference,
               "device": str(device), "specs": {t.name: t.spec for t in targets},
               "scripts": {t.name: [str(s.path) for s in t.scripts] for t in targets}}
@@ -206,6 +218,7 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
             "memory": {"rule": trend.QUIET_RULE if quiet is not None else trend.RULE, "window": params["window"],
                        "judged_on": "quiescent samples" if quiet is not None else "every close",
                        "driver_source": stress.sampler.driver_source,
+                       "before_warm_up": facts.get("before_warm_up"), "warm_up": facts.get("warm_up"),
                        "start": facts["start"], "end": facts["end"], "residue": facts.get("residue"),
                        "flatness": flat, "samples": series,
                        **({"quiescent": quiet, "flatness_every_close": per_close,
@@ -268,7 +281,7 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
                                   seed=args.seed, max_units=args.max_units, device=device, window=args.window,
                                   reference=args.reference, progress=args.progress, hang_s=args.hang_s,
                                   on_stress=write, memory_sites=args.memory_sites,
-                                  quiesce_every=args.quiesce_every))
+                                  quiesce_every=args.quiesce_every, warm_up=args.warm_up))
     if args.progress:
         print(f"wrote {out / 'stress.json'}")
     print(table(record), flush=True)
@@ -323,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--memory-sites", action="store_true",
                    help="record every CUDA allocation's Python stack (slower) so the residue names its sites")
+    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                   help="skip the warm-up (threads DuplexCadence sessions of each workload open at once, then "
+                        "closed) that sets the driver's graph-executable high-water before the threads start")
     p.add_argument("--quiet", dest="progress", action="store_false")
     return p
 

@@ -228,15 +228,9 @@ class Stress:
                     break
                 stage = "speak"
                 with lock, self.calling(kind):
-                    if u.kind == "SPEAK" and u.turn != turn:
-                        stage = "start_turn"
-                        session.start_turn()
-                        turn, stage = u.turn, "speak"
-                    out = session.speak(u.payload, final=bool(u.kind == "SPEAK" and u.final))
+                    out, turn = play(session, u, turn)
                 rec.hashes.append(out.sha256())
                 rec.spoken_units += 1
-                if u.kind == "SPEAK" and u.final:
-                    turn = None
             rec.mid_turn = turn is not None
             unit = None
         except Exception as exc:   # noqa: BLE001 - every exception is recorded and counted
@@ -253,6 +247,48 @@ class Stress:
                 except Exception as exc:   # noqa: BLE001
                     self.record_exception(rec, "close", None, exc)
                 self.closed(target, kind)
+
+    def warm_up(self) -> dict:
+        """Before the stress, on CUDA, where the run mixes in "cadence": per target, `threads` DuplexCadence
+        sessions held open at once on this thread, each playing the first max_units units with work of script
+        i % scripts (so it captures every graph a stress session of that script can), then all closed. The CUDA
+        driver keeps the host and device memory of destroyed graph executables for later graphs, at the
+        high-water of graph nodes instantiated at once in the process; this warm-up puts that high-water where
+        `threads` sessions at once put it, so the memory rule judges growth per close, not the first time the
+        random draws hold more graph sessions at once than before. No sample is taken; exceptions are recorded
+        (stage "warm-up"). Returns {workload: {"sessions", "units", "graphs", "seconds"}} ({} off CUDA)."""
+        if self.device.type != "cuda" or "cadence" not in self.modes:
+            return {}
+        out = {}
+        for target in self.targets:
+            t0, sessions, units, graph_count = time.perf_counter(), [], 0, 0
+            rec = SessionRecord(-1, -1, target.name, "cadence", -1, 0)
+            stage = "warm-up"
+            try:
+                for i in range(self.threads):
+                    session = open_session(target.adapter, target.model, "cadence", target.spec)
+                    sessions.append(session)
+                    session.prepare(None)
+                work = [target.work[i % len(target.scripts)][:self.max_units] for i in range(len(sessions))]
+                turns = [None] * len(sessions)
+                for step in range(max(map(len, work), default=0)):
+                    for i, session in enumerate(sessions):
+                        if step < len(work[i]):
+                            _, turns[i] = play(session, work[i][step], turns[i])
+                            units += 1
+                graph_count = sum(s.stats().graphs for s in sessions)
+            except Exception as exc:   # noqa: BLE001 - recorded and counted like the stress's own
+                self.record_exception(rec, stage, None, exc)
+            finally:
+                for session in sessions:
+                    try:
+                        session.close()
+                    except Exception as exc:   # noqa: BLE001
+                        self.record_exception(rec, "warm-up close", None, exc)
+            out[target.name] = {"sessions": len(sessions), "units": units, "graphs": graph_count,
+                                "seconds": time.perf_counter() - t0}
+        gc.collect()
+        return out
 
     def worker(self, t: int, start: threading.Barrier) -> None:
         """Thread t: sessions drawn from random.Random(f"{seed}/{t}") until the deadline, on a leased stream."""
@@ -309,6 +345,17 @@ class Stress:
                 self.hung += 1
         self.sampling = False
         return wall
+
+
+def play(session, u, turn):
+    """One unit `u` of a script on `session`: start_turn() at a SPEAK unit of a new turn, speak with `final` on a
+    turn's last SPEAK unit. turn: the turn in progress (None: none). Returns (the unit's output, the turn in
+    progress after it)."""
+    if u.kind == "SPEAK" and u.turn != turn:
+        session.start_turn()
+        turn = u.turn
+    out = session.speak(u.payload, final=bool(u.kind == "SPEAK" and u.final))
+    return out, (None if u.kind == "SPEAK" and u.final else turn)
 
 
 # --- references and comparison --------------------------------------------------------------------------
