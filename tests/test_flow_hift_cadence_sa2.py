@@ -18,7 +18,7 @@ from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 from duplexcadence.adapters.flow_hift import facts, plan  # noqa: E402
 from duplexcadence.adapters.flow_hift.hift_graph import DeviceConstants  # noqa: E402
 from duplexcadence.clocks import ClockError  # noqa: E402
-from duplexcadence.errors import InputError  # noqa: E402
+from duplexcadence.errors import InputError, LimitError  # noqa: E402
 from duplexcadence.runtime import BitMismatch, compare_units  # noqa: E402
 
 VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / \
@@ -197,7 +197,8 @@ def test_one_token_flush_refused_in_both_modes_before_any_change(model):
 def test_call_after_a_short_first_flush_refused_in_both_modes(model, n):
     """A session whose first call flushes 2 or 3 tokens caches 960 n speech samples, fewer than the 3840-sample
     cross-fade (upstream's fade then fails on the next call): both modes give the same bytes for the flush and
-    refuse the next call with InputError, state unchanged. With 4 tokens (3840 samples) both speak on."""
+    refuse the next call with LimitError (session_usable False: every later call fails the same way), state and
+    clocks unchanged, the refusal repeated. With 4 tokens (3840 samples) both speak on."""
     outs = {}
     for mode in fh.MODES:
         with fh.new_session(model, mode) as s:
@@ -206,9 +207,10 @@ def test_call_after_a_short_first_flush_refused_in_both_modes(model, n):
             s.start_turn()
             s.speak(tokens_for(1, 25))
             before = snapshot(s)
-            with pytest.raises(InputError, match=f"{960 * n} samples"):
-                s.speak(tokens_for(2, 3))
-            assert same(before, snapshot(s))
+            for _ in range(2):
+                with pytest.raises(LimitError, match=f"{960 * n} samples.*cannot speak again") as err:
+                    s.speak(tokens_for(2, 3))
+                assert err.value.session_usable is False and same(before, snapshot(s))
     compare_units("stepaudio2-short-flush", 0, outs["stock"], outs["cadence"])
     with fh.new_session(model, "cadence") as ok:
         ok.start_turn()

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from duplexcadence import gate
 from duplexcadence.clocks import ClockError, Signature, signature
-from duplexcadence.errors import InputError
+from duplexcadence.errors import InputError, LimitError
 from duplexcadence.payload import check_int, check_tokens
 from duplexcadence.session import ClockState, Session, check_final, unit_output
 
@@ -157,8 +157,10 @@ class FlowClocks(ClockState):
 
     def plan(self, size: int, final: bool = False) -> UnitPlan:
         """Advance by one SPEAK unit of `size` new tokens (the turn's last if `final`); return its calls.
-        Raises InputError (no open turn, a size outside [0, 25], a call the stock code cannot make) or a
-        ClockError past a declared bound, part-way through: plan on a copy (`copy()`) and keep it on success."""
+        Raises InputError (no open turn, a size outside [0, 25], a call the stock code cannot make), a
+        ClockError past a declared bound, or LimitError (session_usable False) for a Step-Audio 2 call after a
+        first call that cached a speech tail shorter than the cross-fade, part-way through: plan on a copy
+        (`copy()`) and keep it on success."""
         if not self.open:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
         size, final = check_int("tokens per unit", size, low=0, high=facts.MAX_UNIT_TOKENS), check_final(final)
@@ -236,10 +238,11 @@ class StepAudio2Clocks(FlowClocks):
                              "call fails (upsample_encoder_v2.py L425)")
         tail = self.hift["hift_speech"]
         if 0 < tail < facts.SOURCE_CACHE_LEN:
-            raise InputError(f"speak: the cached speech tail holds {tail} samples, the cross-fade needs "
+            raise LimitError(f"speak: the cached speech tail holds {tail} samples, the cross-fade needs "
                              f"{facts.SOURCE_CACHE_LEN} (the session's first call was a flush of "
                              f"{tail // (2 * facts.HOP_SAMPLES)} tokens); upstream's fade fails here (t2w L14-22), "
-                             f"so this session cannot speak again")
+                             f"so this session cannot speak again; the session is unchanged and every later call "
+                             f"would fail too: open another", session_usable=False)
         le, before = self.lengths["estimator_att"], self.host()
         try:
             frames = self._grow(call)
@@ -306,7 +309,8 @@ class TokenSession(Session):
     def speak(self, tokens, *, final: bool = False):
         """One SPEAK unit: <= 25 speech token ids @ 25 Hz -> the float32 waveform @ 24 kHz of the unit's stream
         calls (facts.plan_calls; concatenated) and its int16 PCM. Raises InputError (bad tokens or final, no open
-        turn, a call the stock code cannot make) or ClockError (a stock table) before anything runs."""
+        turn, a call the stock code cannot make), ClockError (a stock table) or LimitError (session_usable False:
+        a call the stock code can never make on this session's caches) before anything runs."""
         self.check_open("speak")
         final = check_final(final)
         tokens = check_tokens(tokens, vocab=facts.VOCAB_SIZE, max_count=facts.MAX_UNIT_TOKENS)

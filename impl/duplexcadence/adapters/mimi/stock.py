@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import torch
 
@@ -18,13 +19,15 @@ from duplexcadence.adapters.mimi.schedule import (
     BATCH, CARDINALITY, N_Q, UNIT, MimiClock, declare_regions, on_decode_path)
 from duplexcadence.errors import ConcurrencyError
 from duplexcadence.payload import check_codes
-from duplexcadence.runtime import model_lock
+from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, Session, SessionStats, check_final, host_waveform, unit_output
 
 #: Held by every moshi decode in the process, inside the model lock and gate.work() (a capture step takes it: never
 #: held while waiting for the gate): moshi's switches are module globals.
 SWITCHES = threading.Lock()
 CAPABILITIES = dict(turn_state="stream", concurrent=True, payload="frames", max_payload=UNIT.policy.bound())
+#: model_state key: a weak reference to the stock_graphs session open on that model instance.
+GRAPHS_SESSION = "mimi.stock_graphs_session"
 
 
 class StreamStates:
@@ -107,12 +110,16 @@ class StockSession(MimiSession):
         Raises InputError (LimitError past 13 frames) before anything changes; `final` changes nothing."""
         codes, clock, _ = self.begin_unit(payload, final)
         frames = int(codes.shape[1])
-        with gate.work():
+        with self.device_use():
             tokens = codes.to(self.device)[None]                             # [1, 8, F], one copy per unit
             with self.own.installed(moshi_graphs=self.moshi_graphs):
                 waves = [host_waveform(self.model.decode(tokens[:, :, t:t + 1])) for t in range(frames)]
         self.clock, self.units = clock, self.units + 1
         return unit_output(waves, frames=frames)
+
+    def device_use(self):
+        """The hold a unit's device work runs under: the capture gate's shared work()."""
+        return gate.work()
 
     def prepare(self, signatures=None) -> dict:
         """Nothing to capture: zeros. Raises ClosedError."""
@@ -141,11 +148,63 @@ class StockSession(MimiSession):
 
 
 class StockGraphsSession(StockSession):
-    """"stock_graphs": moshi's CUDAGraphed captures inside its first decodes in global capture mode (torch's
-    default, utils/compile.py L261-271), where another thread's synchronising call breaks the capture: it
-    may not speak while other sessions work on other threads (concurrent False)."""
+    """"stock_graphs": moshi's CUDAGraphed path as its server runs it, one stream per model instance (server.py
+    L57, L160: one connection at a time under the server's lock). Each stream's graphs (`_MimiState`,
+    compression.py L219-230) capture on its second decode (`warmup_steps=1`) in torch's global capture mode
+    (utils/compile.py L261-271), where another thread's synchronising CUDA call breaks the capture.
+
+    Refusals, the same on every device (off CUDA moshi's graphs are off and never capture):
+    * open: ConcurrencyError while another stock_graphs session is open on the same model instance; close() ends
+      the claim, and so does collecting a session that was never closed. A refused open allocates nothing and
+      changes neither the model nor the open session.
+    * speak: waits, it does not refuse. While any of the stream's decoder graphs is not captured yet (always off
+      CUDA), the unit holds the capture gate exclusively (`gate.capture()`, after the model lock, as the gate's
+      lock order says), so no other thread's CUDA work runs beside it; once both are captured a unit only
+      replays and runs under the shared work() like every other session. Raises what StockSession.speak raises,
+      before anything changes.
+    Hence concurrent False: a unit that may capture runs alone in the process, never beside other sessions'."""
 
     capabilities = Capabilities(graphs=True, **{**CAPABILITIES, "concurrent": False})
 
     def __init__(self, model):
-        super().__init__(model, moshi_graphs=True)
+        with model_lock(model):
+            live = model_state(model).get(GRAPHS_SESSION)
+            other = live() if live is not None else None
+            if other is not None and not other.closed:
+                raise ConcurrencyError("a stock_graphs session is already open on this model instance: moshi's "
+                                       "server runs one CUDA-graphed stream per model (server.py L160); close it "
+                                       "first, or build another model for this one")
+            model_state(model)[GRAPHS_SESSION] = weakref.ref(self)
+        try:
+            super().__init__(model, moshi_graphs=True)
+        except BaseException:
+            self._release(model)
+            raise
+
+    def _release(self, model) -> None:
+        with model_lock(model):
+            live = model_state(model).get(GRAPHS_SESSION)
+            if live is not None and live() is self:
+                del model_state(model)[GRAPHS_SESSION]
+
+    def moshi_may_capture(self) -> bool:
+        """True while one of the stream's decoder graphs (graphed_tr_dec, graphed_decoder) is not captured, so
+        moshi may capture in the next decode; always True off CUDA (CUDAGraphed(disable=True) never captures)."""
+        top = self.own.states[""]
+        return any(g is not None and g._graph is None for g in (top.graphed_tr_dec, top.graphed_decoder))
+
+    @contextlib.contextmanager
+    def device_use(self):
+        """gate.capture() (exclusive) after the model lock while moshi may capture, else gate.work()."""
+        if not self.moshi_may_capture():
+            with gate.work():
+                yield
+            return
+        with self.own.lock, gate.capture():
+            yield
+
+    def close(self) -> None:
+        """Drop the session's streaming states and graphs now, and its claim on the model instance."""
+        if not self.closed:
+            self._release(self.model)
+        super().close()

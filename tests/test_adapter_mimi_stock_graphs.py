@@ -1,0 +1,161 @@
+"""duplexcadence.adapters.mimi "stock_graphs" (moshi's CUDAGraphed path): what it refuses, on the CPU.
+
+moshi's graphs are off without CUDA, but the rules are the same: one stock_graphs session per model instance
+(ConcurrencyError at open, nothing changed), and a unit that may capture holds the process's capture gate
+exclusively (it waits for other threads' work() to end and runs alone). Reduced config (test_adapter_mimi.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import threading
+import time
+
+import pytest
+import torch
+
+from duplexcadence import bind, gate
+from duplexcadence.adapters import mimi
+from duplexcadence.adapters.mimi import schedule as ms
+from duplexcadence.adapters.mimi.stock import GRAPHS_SESSION
+from duplexcadence.errors import ConcurrencyError
+from duplexcadence.runtime import model_state
+
+LONG, SHORT = 10.0, 0.2         # seconds: a deadlock bound; how long a blocked thread must stay blocked
+FRAMES = (5, 4, 6)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return mimi.build_model({}, device="cpu", depth="reduced", seed=0)
+
+
+@pytest.fixture(scope="module")
+def units():
+    gen = torch.Generator().manual_seed(4321)
+    return [torch.randint(0, ms.CARDINALITY, (ms.N_Q, f), generator=gen) for f in FRAMES]
+
+
+@pytest.fixture(scope="module")
+def alone(model, units):
+    """Every unit's float32 bytes from one stock_graphs session alone on the model, closed after."""
+    with mimi.new_session(model, "stock_graphs", {}) as session:
+        return [session.speak(codes).waveform.tobytes() for codes in units]
+
+
+def digest(session) -> str:
+    """sha256 over every state tensor's bytes and every host counter."""
+    h = hashlib.sha256()
+    for name, value in sorted(session.state().items()):
+        h.update(name.encode())
+        h.update(value.contiguous().view(torch.uint8).numpy().tobytes() if isinstance(value, torch.Tensor)
+                 else str(value).encode())
+    return h.hexdigest()
+
+
+def until(condition) -> None:
+    """Wait (bounded) for a condition no Event can signal: a thread blocked inside the gate."""
+    deadline = time.monotonic() + LONG
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.001)
+
+
+def model_streaming_states(model) -> list:
+    return [m._streaming_state for m in model.modules() if hasattr(m, "_streaming_state")]
+
+
+def test_a_second_open_on_one_model_is_refused_and_changes_nothing(model, units, alone):
+    """The second open raises ConcurrencyError; the first session's state, clocks and counters, the model's
+    streaming attributes and the claim are as before, and its next units equal the session's alone. Stock and
+    cadence sessions still open beside it; after close() a new stock_graphs session opens and equals alone."""
+    first = mimi.new_session(model, "stock_graphs", {})
+    outs = [first.speak(units[0]).waveform.tobytes()]
+    before = (digest(first), first.clocks().frames, first.stats().to_dict())
+    for _ in range(2):
+        with pytest.raises(ConcurrencyError, match="stock_graphs session is already open"):
+            mimi.new_session(model, "stock_graphs", {})
+    assert (digest(first), first.clocks().frames, first.stats().to_dict()) == before
+    assert all(s is None for s in model_streaming_states(model)) and bind.live() == 0
+    assert model_state(model)[GRAPHS_SESSION]() is first
+    others = [mimi.new_session(model, mode, {}) for mode in ("stock", "cadence")]
+    outs += [first.speak(codes).waveform.tobytes() for codes in units[1:]]
+    assert outs == alone
+    for s in (*others, first):
+        s.close()
+    assert GRAPHS_SESSION not in model_state(model)
+    with mimi.new_session(model, "stock_graphs", {}) as again:
+        assert [again.speak(codes).waveform.tobytes() for codes in units] == alone
+
+
+def test_a_session_collected_without_close_gives_up_its_claim(model):
+    session = mimi.new_session(model, "stock_graphs", {})
+    del session
+    gc.collect()
+    mimi.new_session(model, "stock_graphs", {}).close()
+
+
+def test_a_failed_open_gives_up_its_claim(model):
+    with model.streaming(1):
+        with pytest.raises(ConcurrencyError, match="streaming"):
+            mimi.new_session(model, "stock_graphs", {})
+    assert GRAPHS_SESSION not in model_state(model)
+    mimi.new_session(model, "stock_graphs", {}).close()
+
+
+@pytest.mark.parametrize("caller_in_work", [False, True], ids=["plain", "caller-inside-work"])
+def test_speak_waits_for_other_threads_work_and_runs_alone(model, units, alone, caller_in_work):
+    """While another thread is inside gate.work(), a stock session speaks beside it but a stock_graphs unit
+    waits (nothing changed meanwhile) and runs once that thread leaves, with no other holder, bytes as alone.
+    A caller that is itself inside work() does not deadlock: its hold is set aside while it waits."""
+    in_work, leave, spoke = threading.Event(), threading.Event(), threading.Event()
+    seen, got = [], []
+
+    def worker():
+        with gate.work():
+            in_work.set()
+            leave.wait(LONG)
+
+    def speaker(session):
+        with gate.work() if caller_in_work else contextlib.nullcontext():
+            got.append(session.speak(units[0]).waveform.tobytes())
+        spoke.set()
+
+    session = mimi.new_session(model, "stock_graphs", {})
+    hold = threading.Thread(target=worker, daemon=True)
+    hold.start()
+    try:
+        assert in_work.wait(LONG)
+        with mimi.new_session(model, "stock", {}) as stock:     # a stock session is not held back
+            assert stock.speak(units[0]).waveform.tobytes() == alone[0]
+        before = digest(session)
+        orig = session.own.installed
+
+        def installed(**kw):                                    # what the gate looks like while the unit decodes
+            seen.append(gate.GATE.counts())
+            return orig(**kw)
+        session.own.installed = installed
+        t = threading.Thread(target=speaker, args=(session,), daemon=True)
+        t.start()
+        until(lambda: gate.GATE.counts()["waiting"] == 1)
+        assert not spoke.wait(SHORT) and got == [] and seen == []
+        assert digest(session) == before and session.stats().units == 0
+        leave.set()
+        hold.join(LONG)
+        t.join(LONG)
+        assert spoke.is_set() and got == [alone[0]]
+        assert seen == [{"holders": 0, "waiting": 0, "capturing": True}]
+        assert gate.GATE.counts() == {"holders": 0, "waiting": 0, "capturing": False}
+    finally:
+        leave.set()
+    session.close()
+
