@@ -157,3 +157,54 @@ def test_steady_signatures_are_a_turn_start_ramp_and_steady_shape(walk):
               if variant == "minicpmo45" else 50]]
     assert steady and set(steady[-1]) <= set(sigs)
     assert len(set(sigs)) == len(sigs) and fresh.host() == units[0]["fresh"].host()      # walked a copy
+
+
+@pytest.fixture(scope="module")
+def vocoder_geometry():
+    """The stock BoundedVocoder's sizes and limits (reduced depth: the released kernels, rates and history)."""
+    from duplexcadence.adapters.flow_hift import build
+    bv = build.build_token2wav(n_timesteps=2, depth=facts.REDUCED).bounded_vocoder
+    return plan.geometry(bv), bv.limits
+
+
+def long_script(seed: int, units: int) -> list[list[int]]:
+    """Turns of 1-12 SPEAK units of 0-25 tokens each (every size, turns ending on any size), `units` in all."""
+    gen, turns, total = torch.Generator().manual_seed(seed), [], 0
+    while total < units:
+        n = int(torch.randint(1, 13, (1,), generator=gen))
+        turns.append(torch.randint(0, facts.MAX_UNIT_TOKENS + 1, (n,), generator=gen).tolist())
+        total += n
+    return turns
+
+
+def test_vocoder_histories_never_outgrow_their_buffers_on_a_long_script(vocoder_geometry):
+    """BoundedVocoder trims its mel / source histories every block, so no script can cross mel_buffer_frames
+    (plan.VocoderClock asserts it, an invariant, not a caller's bound): walking 3,000 units of every size, the mel
+    held at a block reaches the buffer exactly and never more, and after every block it is at most
+    mel_cache_frames; the source history likewise. A bad trim would grow the history and fail here."""
+    geo, limits = vocoder_geometry
+    specs = {r.name: r for r in facts.regions("minicpmo45", 100, facts.StockLimits(1000, 5000, 30000))}
+    clock = plan.MiniCPMClocks(specs, geo)
+    held, kept, src_kept, sizes = [], [], [], set()
+    for counts in long_script(seed=7, units=3000):
+        clock.start_turn()
+        for k, n in enumerate(counts):
+            sizes.add((n, k == len(counts) - 1))
+            for cp in clock.plan(n, final=k == len(counts) - 1).calls:
+                held += [b.sig.size for b in cp.blocks]
+                kept.append(cp.after["vocoder_mel"])
+                src_kept.append(cp.after["vocoder_source"])
+    assert len(sizes) == 2 * (facts.MAX_UNIT_TOKENS + 1)          # every unit size, final or not
+    assert len(held) > 5000
+    assert max(held) == limits["mel_buffer_frames"] == geo.mel_cap
+    assert max(kept) <= limits["mel_cache_frames"] and max(src_kept) <= limits["source_cache_frames"]
+
+
+def test_a_vocoder_clock_past_its_buffer_is_an_assertion_not_a_session_error(vocoder_geometry):
+    """Control: the same arithmetic against a buffer one frame short trips VocoderClock's invariant assertion
+    (an internal fault, never an InputError a caller would catch and carry on from)."""
+    geo, _ = vocoder_geometry
+    clock = plan.VocoderClock(geo._replace(mel_cap=geo.mel_cap - 1))
+    with pytest.raises(AssertionError, match="mel_buffer_frames"):
+        for _ in range(20):
+            clock.blocks(50, False)

@@ -1,9 +1,10 @@
 """suite.measure.stress: sessions of mixed workloads opening, speaking and closing on several host threads, every
-unit against the same session run alone. Real adapters at reduced depth on CPU (MiniCPM-o 4.5, Moshi, Qwen3-Omni);
-fake adapters (tests/fakes.py) for what the harness must catch: sessions that share state, exceptions, memory that
-a close does not give back, sessions refused at open or that may not run concurrently."""
+unit against the same session run alone. Real adapters at reduced depth on CPU (MiniCPM-o 4.5, Step-Audio 2 mini,
+Moshi, Qwen3-Omni); fake adapters (tests/fakes.py) for what the harness must catch: sessions that share state,
+exceptions, memory that a close does not give back, sessions refused at open or that may not run concurrently."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ from suite.measure import memory, stress, trend  # noqa: E402
 from suite.records import EXIT_INVALID, STRESS_SCHEMA  # noqa: E402
 from workloads.common import FORMATS, script_from_rows  # noqa: E402
 
-REAL = ["minicpmo45", "moshi", "qwen3_omni"]
+REAL = ["minicpmo45", "moshi", "qwen3_omni", "stepaudio2_mini"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,16 +47,27 @@ def real_targets():
 
 
 def test_mixed_real_sessions_on_threads_equal_each_alone(real_targets):
-    """4 threads, 5 s: with seed 106 the threads' first sessions are Moshi stock, MiniCPM-o stock, Qwen3-Omni
-    cadence and MiniCPM-o cadence (random.Random('106/t')), all on one instance per workload, opening and closing
-    at random unit counts while the others speak: every unit equals the same session alone, nothing raises."""
-    rec = stress.stress_run(real_targets, threads=4, seconds=5.0, seed=106, max_units=4, window=8, progress=False)
+    """4 threads, 5 s: with seed 101 the threads' first sessions are Step-Audio 2 cadence (4 units), Qwen3-Omni
+    stock, Step-Audio 2 stock (3 units) and MiniCPM-o cadence, their second ones Moshi stock, MiniCPM-o stock,
+    Qwen3-Omni stock and Moshi cadence (random.Random('101/t')), all on one instance per workload, opening and
+    closing at random unit counts while the others speak: every unit equals the same session alone, nothing
+    raises. Step-Audio 2 sessions (capabilities.concurrent False: each swaps its own state of the default generator
+    in, stock.OwnGenerator) make every call under the harness's lock of their model, so their draws never meet
+    (a ConcurrencyError would be an exception here), while the other workloads' sessions speak beside them."""
+    rec = stress.stress_run(real_targets, threads=4, seconds=5.0, seed=101, max_units=4, window=8, progress=False)
     s = rec["summary"]
     assert rec["exceptions"] == [] and s["exceptions"] == 0, rec["exceptions"]
     assert s["differing_units"] == 0 and rec["differences"] == []
     assert s["units_compared"] == s["units"] >= 4 and s["units_without_reference"] == 0     # 4 first units at least
     spoke = {k for k, v in rec["by_kind"].items() if v["units"]}
-    assert {"moshi/stock", "minicpmo45/stock", "qwen3_omni/cadence", "minicpmo45/cadence"} <= spoke, rec["by_kind"]
+    assert {"stepaudio2_mini/cadence", "qwen3_omni/stock", "stepaudio2_mini/stock", "minicpmo45/cadence"} <= spoke, \
+        rec["by_kind"]
+    for mode in ("stock", "cadence"):
+        kind = rec["by_kind"][f"stepaudio2_mini/{mode}"]
+        assert kind["serialised"] == kind["opened"] > 0 and kind["units"] > 0, kind
+    empty = (hashlib.sha256(b"").hexdigest(),) * 2        # a unit with no samples (a Step-Audio 2 unit buffering)
+    assert any(tuple(h) != empty for key, ref in rec["references"].items() if key.startswith("stepaudio2_mini/")
+               for h in ref["sha256"]), "no Step-Audio 2 unit with audio was compared"
     assert s["opened"] - 4 <= s["cycles"] <= s["opened"] and s["closed_mid_turn"] >= 1    # closes at load
     assert rec["checks"] == {"bind_patches_live_after": 0, "streams_leased_after": 0, "cuda_graphs_alive_after": 0,
                              "vmm_mapped_mib_after": 0}
@@ -358,7 +370,7 @@ def test_bad_arguments_exit_2_naming_the_flag(tmp_path, capsys, argv, flag):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph replay on shared models")
 def test_cuda_mixed_sessions_on_threads_equal_each_alone():
-    targets = stress.build_targets(REAL + ["stepaudio2_mini"], "cuda", depth="reduced", steps=2,
+    targets = stress.build_targets(REAL, "cuda", depth="reduced", steps=2,
                                    prompt_seconds=2.0, seed=0, scripts=2, script_seconds=20)
     rec = stress.stress_run(targets, threads=8, seconds=20.0, seed=106, max_units=6, device="cuda", window=8,
                             progress=False)

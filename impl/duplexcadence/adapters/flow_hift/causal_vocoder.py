@@ -6,12 +6,14 @@ with `.item()`, gathers noise from a 259 MB host table per block; `torch.istft` 
 Here: regions sized from `BoundedVocoder.limits` (L68-84): ``vocoder_mel`` [1, 80, mel_buffer_frames],
 ``vocoder_source`` [1, 1, source_buffer_frames x 480], ``vocoder_phase`` [1, 1, 9] float64, the noise staging
 ``vocoder_noise`` [calls, 16 x 480, 9] (noise "host") or ``vocoder_noise_base`` [calls] int64 (noise "device");
-the offsets are host clocks (plan.VocoderClock, `_process` L126-168). The step (`block_step`) reads every length
-from its Signature: `f0_predictor` (L138), `BoundedVocoder._source` (L108-124, the upstream function, with a
-stand-in noise table returning the staged noise), the source append, `CausalHiFTGenerator.decode` up to `_istft`
-(generator.py L672-706), the history trims (L160-166). Eager between steps: the mel append, the noise staging,
-the stock `_istft` (as the class function: another session's step may hold the instance's stand-in), decode's
-clamp (L708-711), `Token2wav._stream_vocode`'s finiteness check and first-chunk silence (token2wav.py L206-218).
+the offsets are host clocks (plan.VocoderClock, `_process` L126-168). The histories are trimmed every block, so
+no input makes them outgrow these limits: an invariant plan.VocoderClock asserts, not a bound a caller can meet.
+The step (`block_step`) reads every length from its Signature: `f0_predictor` (L138), `BoundedVocoder._source`
+(L108-124, the upstream function, with a stand-in noise table returning the staged noise), the source append,
+`CausalHiFTGenerator.decode` up to `_istft` (generator.py L672-706), the history trims (L160-166). Eager between
+steps: the mel append, the noise staging, the stock `_istft` (as the class function: another session's step may
+hold the instance's stand-in), decode's clamp (L708-711), `Token2wav._stream_vocode`'s finiteness check and
+first-chunk silence (token2wav.py L206-218).
 Noise "host" gathers as stock (`table[:, positions]`) into pinned memory, copied asynchronously; "device" gathers
 in the step from a device copy made once per model, the same elements. The STFT window (`stft_window.to(x.device)`,
 generator.py L494, L504) is a device copy bound for the step, and `CausalConv1d`'s zero context (convolution.py

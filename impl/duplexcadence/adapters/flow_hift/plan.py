@@ -62,9 +62,19 @@ class VocoderClock:
     """The host offsets of `BoundedVocoder.cache` (mel_offset, source_offset, source_end, speech_offset,
     finalized; bounded_vocoder.py L86-99) plus the frames held in the mel / source histories and
     Token2wav's first_chunk flag (token2wav.py L200-202), advanced by the arithmetic of `stream` / `_process`
-    (L126-189)."""
+    (L126-189).
+
+    No input can cross BoundedVocoder's limits (L68-84), so they are invariants here, not bounds a caller meets:
+    after every non-final block of R mel frames received, source_end = R - f0_right and emitted = source_end -
+    decoder_right, so the trim (L160-166) keeps min(R, delay + max(history, f0_left - decoder_right)) mel
+    frames (`mel_cache_frames`) and min(source_end, history + decoder_right) source frames; the next block
+    appends at most `block` frames (`mel_buffer_frames`), makes at most `block` source frames and reads at most
+    f0_left + f0_right + block / history + decoder_right + block frames; a finalize block appends no mel and
+    makes f0_right <= block source frames (the build fixes delay = 8 < block = 16), and closes the turn. The
+    checks below are assertions of that arithmetic."""
 
     def __init__(self, geometry: VocoderGeometry):
+        assert geometry.f0_right <= geometry.block, geometry     # a finalize block's source fits one block
         self.g = geometry
         self.reset()
 
@@ -75,13 +85,12 @@ class VocoderClock:
 
     def blocks(self, frames: int, finalize: bool) -> list[Block]:
         """The blocks of `stream(mel of `frames`, finalize)`: 16-frame parts, then the finalize block."""
+        assert not self.finalized, "a finalized vocoder takes no blocks until reset (the turn is closed)"
         out = []
         for start in range(0, frames, self.g.block):
             n = min(self.g.block, frames - start)
-            if self.mel_len + n > self.g.mel_cap:
-                raise ClockError(f"region 'vocoder_mel': {self.mel_len + n} frames, past BoundedVocoder's "
-                                 f"mel_buffer_frames {self.g.mel_cap}")
             self.mel_len += n
+            assert self.mel_len <= self.g.mel_cap, f"vocoder_mel {self.mel_len} > mel_buffer_frames {self.g.mel_cap}"
             out.append(self._block(False, n))
         if finalize:
             out.append(self._block(True, 0))
@@ -95,21 +104,18 @@ class VocoderClock:
         f0, parts, se_new = None, (), se
         if avail_src > se:
             start = max(0, se - geo.f0_left)
-            if received - start > geo.f0_max:
-                raise ClockError(f"BoundedVocoder f0_input_frames: {received - start} > {geo.f0_max}")
+            assert received - start <= geo.f0_max, f"f0 input {received - start} > f0_input_frames {geo.f0_max}"
             f0 = (start - mo, se - start)
             n = avail_src - se
             parts = tuple(min(geo.block, n - i) for i in range(0, n, geo.block))
             se_new = avail_src
         src_len = self.src_len + sum(parts)
-        if src_len > geo.src_cap:
-            raise ClockError(f"region 'vocoder_source': {src_len} frames, past source_buffer_frames {geo.src_cap}")
+        assert src_len <= geo.src_cap, f"vocoder_source {src_len} > source_buffer_frames {geo.src_cap}"
         avail_speech = max(0, se_new - (0 if finalize else geo.decoder_right))
         dec, em_new = None, em
         if avail_speech > em:
             start = max(0, em - geo.history)
-            if se_new - start > geo.dec_max:
-                raise ClockError(f"BoundedVocoder decoder_input_frames: {se_new - start} > {geo.dec_max}")
+            assert se_new - start <= geo.dec_max, f"decoder input {se_new - start} > decoder_input_frames {geo.dec_max}"
             dec = (start - mo, se_new - mo, start - so, em - start, avail_speech - em)
             em_new = avail_speech
         keep_mel = max(0, min(em_new - geo.history, se_new - geo.f0_left))
