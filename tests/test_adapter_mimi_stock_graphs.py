@@ -1,13 +1,12 @@
-"""duplexcadence.adapters.mimi "stock_graphs" (moshi's CUDAGraphed path): what it refuses, on the CPU.
+"""duplexcadence.adapters.mimi "stock_graphs" (moshi's CUDAGraphed path) beside other sessions, on the CPU.
 
-moshi's graphs are off without CUDA, but the rules are the same: one stock_graphs session per model instance
-(ConcurrencyError at open, nothing changed), and a unit that may capture holds the process's capture gate
+moshi's graphs are off without CUDA, but the rules are the same: sessions of one model keep their own streams
+(interleaved, each equals itself alone), and a unit that may capture holds the process's capture gate
 exclusively (it waits for other threads' work() to end and runs alone). Reduced config (test_adapter_mimi.py).
 """
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import threading
 import time
@@ -18,9 +17,6 @@ import torch
 from duplexcadence import bind, gate
 from duplexcadence.adapters import mimi
 from duplexcadence.adapters.mimi import schedule as ms
-from duplexcadence.adapters.mimi.stock import GRAPHS_SESSION
-from duplexcadence.errors import ConcurrencyError
-from duplexcadence.runtime import model_state
 
 LONG, SHORT = 10.0, 0.2         # seconds: a deadlock bound; how long a blocked thread must stay blocked
 FRAMES = (5, 4, 6)
@@ -74,42 +70,24 @@ def model_streaming_states(model) -> list:
     return [m._streaming_state for m in model.modules() if hasattr(m, "_streaming_state")]
 
 
-def test_a_second_open_on_one_model_is_refused_and_changes_nothing(model, units, alone):
-    """The second open raises ConcurrencyError; the first session's state, clocks and counters, the model's
-    streaming attributes and the claim are as before, and its next units equal the session's alone. Stock and
-    cadence sessions still open beside it; after close() a new stock_graphs session opens and equals alone."""
-    first = mimi.new_session(model, "stock_graphs", {})
-    outs = [first.speak(units[0]).waveform.tobytes()]
-    before = (digest(first), first.clocks().frames, first.stats().to_dict())
-    for _ in range(2):
-        with pytest.raises(ConcurrencyError, match="stock_graphs session is already open"):
-            mimi.new_session(model, "stock_graphs", {})
-    assert (digest(first), first.clocks().frames, first.stats().to_dict()) == before
-    assert all(s is None for s in model_streaming_states(model)) and bind.live() == 0
-    assert model_state(model)[GRAPHS_SESSION]() is first
+def test_sessions_of_one_model_interleaved_each_equal_alone(model, units, alone):
+    """Two stock_graphs sessions and a stock and a cadence session open on one model, units interleaved: each
+    stock_graphs session's bytes equal one alone, the other's state is unchanged by a unit, and no streaming
+    state is left on the shared model."""
+    first, second = (mimi.new_session(model, "stock_graphs", {}) for _ in range(2))
     others = [mimi.new_session(model, mode, {}) for mode in ("stock", "cadence")]
-    outs += [first.speak(codes).waveform.tobytes() for codes in units[1:]]
-    assert outs == alone
-    for s in (*others, first):
+    got = {id(first): [], id(second): []}
+    for codes in units:
+        for session, other in ((first, second), (second, first)):
+            before = digest(other)
+            got[id(session)].append(session.speak(codes).waveform.tobytes())
+            assert digest(other) == before
+            for o in others:
+                o.speak(codes)
+    assert got[id(first)] == alone and got[id(second)] == alone
+    assert all(s is None for s in model_streaming_states(model)) and bind.live() == 0
+    for s in (first, second, *others):
         s.close()
-    assert GRAPHS_SESSION not in model_state(model)
-    with mimi.new_session(model, "stock_graphs", {}) as again:
-        assert [again.speak(codes).waveform.tobytes() for codes in units] == alone
-
-
-def test_a_session_collected_without_close_gives_up_its_claim(model):
-    session = mimi.new_session(model, "stock_graphs", {})
-    del session
-    gc.collect()
-    mimi.new_session(model, "stock_graphs", {}).close()
-
-
-def test_a_failed_open_gives_up_its_claim(model):
-    with model.streaming(1):
-        with pytest.raises(ConcurrencyError, match="streaming"):
-            mimi.new_session(model, "stock_graphs", {})
-    assert GRAPHS_SESSION not in model_state(model)
-    mimi.new_session(model, "stock_graphs", {}).close()
 
 
 @pytest.mark.parametrize("caller_in_work", [False, True], ids=["plain", "caller-inside-work"])

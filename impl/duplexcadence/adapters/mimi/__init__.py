@@ -2,8 +2,8 @@
 `loaders.get_mimi`, L323-363): `schedule` (facts, clocks, regions, every step's Signature), `stock` (moshi's
 server loop; sessions' own streaming states), `cadence` (arena + graph replay). Modes: "stock" (the
 bit-exact reference), "stock_graphs" (moshi's CUDAGraphed baseline), "cadence". Any session may speak on its
-own host thread while others of the model speak; a stock_graphs unit that may capture waits to run alone, and
-one model instance holds one open stock_graphs session (stock.StockGraphsSession).
+own host thread while others of the model speak; a stock_graphs unit that may capture waits to run alone
+(stock.StockGraphsSession).
 """
 from __future__ import annotations
 
@@ -121,8 +121,7 @@ def session_options(model, mode: str) -> tuple:
 def new_session(model, mode: str, spec: dict | None = None):
     """A session on `model` (shared by any number of sessions and threads): mode "stock", "stock_graphs" or
     "cadence" (spec: CadenceSession's; call `prepare()` before the first unit on CUDA). Raises ValueError for
-    an unknown mode or spec value, ConcurrencyError for a model that streams on its own or, for "stock_graphs",
-    while another stock_graphs session is open on `model`."""
+    an unknown mode or spec value, ConcurrencyError for a model that streams on its own."""
     if mode in ("stock", "stock_graphs"):
         return StockSession(model) if mode == "stock" else StockGraphsSession(model)
     if mode == "cadence":

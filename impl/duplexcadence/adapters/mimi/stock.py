@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 
 import torch
 
@@ -19,15 +18,13 @@ from duplexcadence.adapters.mimi.schedule import (
     BATCH, CARDINALITY, N_Q, UNIT, MimiClock, declare_regions, on_decode_path)
 from duplexcadence.errors import ConcurrencyError
 from duplexcadence.payload import check_codes
-from duplexcadence.runtime import model_lock, model_state
+from duplexcadence.runtime import model_lock
 from duplexcadence.session import Capabilities, Session, SessionStats, check_final, host_waveform, unit_output
 
 #: Held by every moshi decode in the process, inside the model lock and gate.work() (a capture step takes it: never
 #: held while waiting for the gate): moshi's switches are module globals.
 SWITCHES = threading.Lock()
 CAPABILITIES = dict(turn_state="stream", concurrent=True, payload="frames", max_payload=UNIT.policy.bound())
-#: model_state key: a weak reference to the stock_graphs session open on that model instance.
-GRAPHS_SESSION = "mimi.stock_graphs_session"
 
 
 class StreamStates:
@@ -148,44 +145,22 @@ class StockSession(MimiSession):
 
 
 class StockGraphsSession(StockSession):
-    """"stock_graphs": moshi's CUDAGraphed path as its server runs it, one stream per model instance (server.py
-    L57, L160: one connection at a time under the server's lock). Each stream's graphs (`_MimiState`,
-    compression.py L219-230) capture on its second decode (`warmup_steps=1`) in torch's global capture mode
-    (utils/compile.py L261-271), where another thread's synchronising CUDA call breaks the capture.
+    """"stock_graphs": moshi's CUDAGraphed path (the baseline its server runs). Each session's graphs live in its
+    own streaming states (`_MimiState`, compression.py L219-230), so sessions of one model stay independent; they
+    capture on the stream's second decode (`warmup_steps=1`) in torch's global capture mode (utils/compile.py
+    L261-271), where another thread's synchronising CUDA call breaks the capture.
 
-    Refusals, the same on every device (off CUDA moshi's graphs are off and never capture):
-    * open: ConcurrencyError while another stock_graphs session is open on the same model instance; close() ends
-      the claim, and so does collecting a session that was never closed. A refused open allocates nothing and
-      changes neither the model nor the open session.
-    * speak: waits, it does not refuse. While any of the stream's decoder graphs is not captured yet (always off
-      CUDA), the unit holds the capture gate exclusively (`gate.capture()`, after the model lock, as the gate's
-      lock order says), so no other thread's CUDA work runs beside it; once both are captured a unit only
-      replays and runs under the shared work() like every other session. Raises what StockSession.speak raises,
-      before anything changes.
-    Hence concurrent False: a unit that may capture runs alone in the process, never beside other sessions'."""
+    So speak waits, it does not refuse: while any of the stream's decoder graphs is not captured yet (always off
+    CUDA, where moshi's graphs never capture), the unit holds the capture gate exclusively (`gate.capture()`,
+    after the model lock, as the gate's lock order says) and no other thread's CUDA work runs beside it; once
+    both are captured a unit only replays and runs under the shared work() like every other session. Raises what
+    StockSession.speak raises, before anything changes. Hence concurrent False: a unit that may capture runs
+    alone in the process, never beside other sessions'."""
 
     capabilities = Capabilities(graphs=True, **{**CAPABILITIES, "concurrent": False})
 
     def __init__(self, model):
-        with model_lock(model):
-            live = model_state(model).get(GRAPHS_SESSION)
-            other = live() if live is not None else None
-            if other is not None and not other.closed:
-                raise ConcurrencyError("a stock_graphs session is already open on this model instance: moshi's "
-                                       "server runs one CUDA-graphed stream per model (server.py L160); close it "
-                                       "first, or build another model for this one")
-            model_state(model)[GRAPHS_SESSION] = weakref.ref(self)
-        try:
-            super().__init__(model, moshi_graphs=True)
-        except BaseException:
-            self._release(model)
-            raise
-
-    def _release(self, model) -> None:
-        with model_lock(model):
-            live = model_state(model).get(GRAPHS_SESSION)
-            if live is not None and live() is self:
-                del model_state(model)[GRAPHS_SESSION]
+        super().__init__(model, moshi_graphs=True)
 
     def moshi_may_capture(self) -> bool:
         """True while one of the stream's decoder graphs (graphed_tr_dec, graphed_decoder) is not captured, so
@@ -202,9 +177,3 @@ class StockGraphsSession(StockSession):
             return
         with self.own.lock, gate.capture():
             yield
-
-    def close(self) -> None:
-        """Drop the session's streaming states and graphs now, and its claim on the model instance."""
-        if not self.closed:
-            self._release(self.model)
-        super().close()
