@@ -4,8 +4,9 @@ sitting through Ray against the same stages without it).
 
     python tools/same_bytes.py RUN_A RUN_B
 
-Prints a line per stage (units compared, units differing) and exits 0 when every compared unit is equal,
-1 when one differs or no stage is in both, 2 for a folder that is not a staged run.
+Prints a line per stage (units in both folders, how many differ, how many only one folder has: a run limited
+by --max-speak-units plays fewer) and exits 0 when every unit both have is equal, 1 when one differs or no
+stage is in both, 2 for a folder that is not a staged run.
 """
 from __future__ import annotations
 
@@ -36,11 +37,12 @@ def main(argv: list[str]) -> int:
         ha, hb = hashes(a, name), hashes(b, name)
         if not ha and not hb:
             continue
-        keys = sorted(set(ha) | set(hb), key=str)
-        differ = [k for k in keys if ha.get(k) != hb.get(k)]
+        keys = sorted(set(ha) & set(hb), key=str)
+        differ = [k for k in keys if ha[k] != hb[k]]
         compared += 1
-        bad += bool(differ)
-        print(f"{name}: {len(keys)} units, {len(differ)} differ" + (f": {differ[:5]}" if differ else ""))
+        bad += bool(differ) or not keys
+        print(f"{name}: {len(keys)} units in both, {len(differ)} differ, {len(set(ha) ^ set(hb))} in one only"
+              + (f": {differ[:5]}" if differ else ""))
     if not compared:
         print("no stage with unit hashes is done in both folders", file=sys.stderr)
     return 0 if compared and not bad else 1
