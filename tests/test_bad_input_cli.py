@@ -70,16 +70,18 @@ def test_same_bytes_compares_the_stages_both_folders_have_done(tmp_path, capsys)
     import json
     from tools import same_bytes
 
-    def folder(name, sha):
+    def folder(name, sha, extra=()):
         run = tmp_path / name
         (run / "w.verify").mkdir(parents=True)
         (run / "stages.json").write_text(json.dumps({"schema": "duplexcadence.stages/1", "options": {"device": "cuda"},
                                                     "stages": {"w.verify": {"workload": "w", "harness": "verify",
                                                                             "status": "done"}}}))
         (run / "w.verify" / "run.json").write_text(json.dumps({"modes": {"stock": {"units": [
-            {"index": 3, "sha256_f32": sha, "sha256_pcm16": "p"}, {"index": 4, "sha256_f32": None}]}}}))
+            {"index": 3, "sha256_f32": sha, "sha256_pcm16": "p"}, {"index": 4, "sha256_f32": None},
+            *({"index": i, "sha256_f32": "z", "sha256_pcm16": "p"} for i in extra)]}}}))
         return str(run)
-    a, b, c = folder("a", "x"), folder("b", "x"), folder("c", "y")
-    assert same_bytes.main([a, b]) == 0 and "w.verify: 1 units, 0 differ" in capsys.readouterr().out
-    assert same_bytes.main([a, c]) == 1 and "1 differ: [('stock', 3)]" in capsys.readouterr().out
+    a, b, c = folder("a", "x"), folder("b", "x", extra=(7, 8)), folder("c", "y")
+    assert same_bytes.main([a, b]) == 0                                     # units only b has are listed, not unequal
+    assert "w.verify: 1 units in both, 0 differ, 2 in one only" in capsys.readouterr().out
+    assert same_bytes.main([a, c]) == 1 and "1 units in both, 1 differ, 0 in one only: [('stock', 3)]" in capsys.readouterr().out
     assert same_bytes.main([a, str(tmp_path / "nowhere")]) == 2
