@@ -470,3 +470,13 @@ def test_warm_up_holds_threads_sessions_at_once_then_closes_them(monkeypatch):
                                progress=False)
     monkeypatch.setattr(only_stock, "device", types.SimpleNamespace(type="cuda"))
     assert only_stock.warm_up() == {}
+
+
+def test_each_quiescent_sample_is_printed_as_it_is_taken(monkeypatch, capsys):
+    # a run cut before its record is written still leaves its samples in the log
+    monkeypatch.setattr(trend, "rss_mib", lambda: 3000.0)
+    rec = quick([fake_target("plain")], seconds=0.8, quiesce_every=3, window=24, threads=3, progress=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "quiet sample:" in line]
+    closes = rec["memory"]["quiescent"]["closes"]
+    assert len(lines) == len(closes) >= 2, (lines, closes)
+    assert all(f"quiet sample: {c} closes, 0 open, rss_mib 3000.0" in line for c, line in zip(closes, lines)), lines

@@ -183,6 +183,13 @@ class Stress:
             closes = len(self.sampler.rows)
             self.sampler.sample_quiet(closes, open_now)
             self.next_quiet = closes + self.quiesce_every
+            if self.progress:     # the samples in the log too, so that a run cut before its record still shows them
+                row = self.sampler.quiet[-1]
+                mib = ", ".join(f"{k} {row[k]:.1f}" for k in ("rss_mib", "alloc_mib", "reserved_mib",
+                                                               "driver_used_mib") if row.get(k) is not None)
+                heap = (row.get("host") or {}).get("heap_in_use_mib")
+                print(f"  quiet sample: {closes} closes, {open_now} open, {mib}"
+                      + (f", heap_in_use_mib {heap:.1f}" if heap is not None else ""), flush=True)
         self.draining = False
         self.drain.notify_all()
 
