@@ -1,4 +1,5 @@
-"""Suite-wide test set-up (no fixtures the tests name).
+"""Suite-wide test set-up, and the two fixtures several modules name: fake_adapter and clean_tree (at the end).
+Fixtures that only a few modules share live in helper modules beside the tests, imported by name.
 
 gc: the harnesses call gc.collect() several times per run (suite.memory's probe settles before every
 sample, the measure layer after every session). A full collection walks every object the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -90,3 +91,22 @@ def write_stepaudio2_checkpoint(directory: Path, *, seed: int = 0, hift_prefix: 
         torch.save(tensors, directory / name)
         written[name] = tensors
     return written
+
+
+def write_defective_copy(good: Path, written: dict, directory: Path, files, file: str, key: str, defect: str) -> None:
+    """A copy in `directory` of the checkpoint written in `good` (`written`: what the writer returned) with one defect
+    in `file`: `key` left out ("missing"), one larger in every dimension ("shape"), or added as a tensor of 2 zeros
+    ("unexpected"). Every other name in `files` is hard-linked from `good`."""
+    for name in files:
+        if name != file:
+            os.link(Path(good) / name, Path(directory) / name)
+    state = dict(written[file])
+    if defect == "missing":
+        del state[key]
+    elif defect == "shape":
+        state[key] = torch.zeros([s + 1 for s in state[key].shape])
+    elif defect == "unexpected":
+        state[key] = torch.zeros([2])
+    else:
+        raise ValueError(f"defect: expected 'missing', 'shape' or 'unexpected', got {defect!r}")
+    torch.save(state, Path(directory) / file)

@@ -23,7 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-import threaded  # tests/ is on sys.path under pytest
+import cuda_checks  # tests/ is on sys.path under pytest
+import threaded
+from session_state import same_state, snapshot
+from torch_threads import one_thread  # noqa: F401  (autouse: this module's tests at one intra-op thread)
 from duplexcadence import bind
 from duplexcadence.adapters import code2wav as c2w
 from duplexcadence.adapters.code2wav import schedule as cs
@@ -33,182 +36,8 @@ from duplexcadence.runtime import BitMismatch, compare_units
 SCRIPT = Path(__file__).resolve().parents[1] / "workloads" / "data" / "sessions" / "code2wav.jsonl"
 SPF, LOSS = 1920, 555                       # samples per 12.5 Hz frame; samples lost per call
 TURN = [12, 13, 12, 13, 5]                  # initial + ramp, ramp, steady, steady, final
-# Reduced-config checkpoint layout in the released naming (keys "code2wav." + module path, as in the
-# Qwen3-Omni checkpoint; vllm-omni's hf_to_vllm_mapper): written from transformers 5.17.0, kept as data.
-MANIFEST = """\
-code2wav.pre_transformer.layers.0.self_attn.q_proj.weight 128,128
-code2wav.pre_transformer.layers.0.self_attn.k_proj.weight 128,128
-code2wav.pre_transformer.layers.0.self_attn.v_proj.weight 128,128
-code2wav.pre_transformer.layers.0.self_attn.o_proj.weight 128,128
-code2wav.pre_transformer.layers.0.mlp.gate_proj.weight 256,128
-code2wav.pre_transformer.layers.0.mlp.up_proj.weight 256,128
-code2wav.pre_transformer.layers.0.mlp.down_proj.weight 128,256
-code2wav.pre_transformer.layers.0.input_layernorm.weight 128
-code2wav.pre_transformer.layers.0.post_attention_layernorm.weight 128
-code2wav.pre_transformer.layers.0.self_attn_layer_scale.scale 128
-code2wav.pre_transformer.layers.0.mlp_layer_scale.scale 128
-code2wav.pre_transformer.layers.1.self_attn.q_proj.weight 128,128
-code2wav.pre_transformer.layers.1.self_attn.k_proj.weight 128,128
-code2wav.pre_transformer.layers.1.self_attn.v_proj.weight 128,128
-code2wav.pre_transformer.layers.1.self_attn.o_proj.weight 128,128
-code2wav.pre_transformer.layers.1.mlp.gate_proj.weight 256,128
-code2wav.pre_transformer.layers.1.mlp.up_proj.weight 256,128
-code2wav.pre_transformer.layers.1.mlp.down_proj.weight 128,256
-code2wav.pre_transformer.layers.1.input_layernorm.weight 128
-code2wav.pre_transformer.layers.1.post_attention_layernorm.weight 128
-code2wav.pre_transformer.layers.1.self_attn_layer_scale.scale 128
-code2wav.pre_transformer.layers.1.mlp_layer_scale.scale 128
-code2wav.pre_transformer.norm.weight 128
-code2wav.code_embedding.weight 32768,128
-code2wav.upsample.0.0.conv.weight 128,128,2
-code2wav.upsample.0.0.conv.bias 128
-code2wav.upsample.0.1.gamma 128
-code2wav.upsample.0.1.dwconv.conv.weight 128,1,7
-code2wav.upsample.0.1.dwconv.conv.bias 128
-code2wav.upsample.0.1.norm.weight 128
-code2wav.upsample.0.1.norm.bias 128
-code2wav.upsample.0.1.pwconv1.weight 512,128
-code2wav.upsample.0.1.pwconv1.bias 512
-code2wav.upsample.0.1.pwconv2.weight 128,512
-code2wav.upsample.0.1.pwconv2.bias 128
-code2wav.upsample.1.0.conv.weight 128,128,2
-code2wav.upsample.1.0.conv.bias 128
-code2wav.upsample.1.1.gamma 128
-code2wav.upsample.1.1.dwconv.conv.weight 128,1,7
-code2wav.upsample.1.1.dwconv.conv.bias 128
-code2wav.upsample.1.1.norm.weight 128
-code2wav.upsample.1.1.norm.bias 128
-code2wav.upsample.1.1.pwconv1.weight 512,128
-code2wav.upsample.1.1.pwconv1.bias 512
-code2wav.upsample.1.1.pwconv2.weight 128,512
-code2wav.upsample.1.1.pwconv2.bias 128
-code2wav.decoder.0.conv.weight 64,128,7
-code2wav.decoder.0.conv.bias 64
-code2wav.decoder.1.block.0.alpha 64
-code2wav.decoder.1.block.0.beta 64
-code2wav.decoder.1.block.1.conv.weight 64,32,16
-code2wav.decoder.1.block.1.conv.bias 32
-code2wav.decoder.1.block.2.act1.alpha 32
-code2wav.decoder.1.block.2.act1.beta 32
-code2wav.decoder.1.block.2.conv1.conv.weight 32,32,7
-code2wav.decoder.1.block.2.conv1.conv.bias 32
-code2wav.decoder.1.block.2.act2.alpha 32
-code2wav.decoder.1.block.2.act2.beta 32
-code2wav.decoder.1.block.2.conv2.conv.weight 32,32,1
-code2wav.decoder.1.block.2.conv2.conv.bias 32
-code2wav.decoder.1.block.3.act1.alpha 32
-code2wav.decoder.1.block.3.act1.beta 32
-code2wav.decoder.1.block.3.conv1.conv.weight 32,32,7
-code2wav.decoder.1.block.3.conv1.conv.bias 32
-code2wav.decoder.1.block.3.act2.alpha 32
-code2wav.decoder.1.block.3.act2.beta 32
-code2wav.decoder.1.block.3.conv2.conv.weight 32,32,1
-code2wav.decoder.1.block.3.conv2.conv.bias 32
-code2wav.decoder.1.block.4.act1.alpha 32
-code2wav.decoder.1.block.4.act1.beta 32
-code2wav.decoder.1.block.4.conv1.conv.weight 32,32,7
-code2wav.decoder.1.block.4.conv1.conv.bias 32
-code2wav.decoder.1.block.4.act2.alpha 32
-code2wav.decoder.1.block.4.act2.beta 32
-code2wav.decoder.1.block.4.conv2.conv.weight 32,32,1
-code2wav.decoder.1.block.4.conv2.conv.bias 32
-code2wav.decoder.2.block.0.alpha 32
-code2wav.decoder.2.block.0.beta 32
-code2wav.decoder.2.block.1.conv.weight 32,16,10
-code2wav.decoder.2.block.1.conv.bias 16
-code2wav.decoder.2.block.2.act1.alpha 16
-code2wav.decoder.2.block.2.act1.beta 16
-code2wav.decoder.2.block.2.conv1.conv.weight 16,16,7
-code2wav.decoder.2.block.2.conv1.conv.bias 16
-code2wav.decoder.2.block.2.act2.alpha 16
-code2wav.decoder.2.block.2.act2.beta 16
-code2wav.decoder.2.block.2.conv2.conv.weight 16,16,1
-code2wav.decoder.2.block.2.conv2.conv.bias 16
-code2wav.decoder.2.block.3.act1.alpha 16
-code2wav.decoder.2.block.3.act1.beta 16
-code2wav.decoder.2.block.3.conv1.conv.weight 16,16,7
-code2wav.decoder.2.block.3.conv1.conv.bias 16
-code2wav.decoder.2.block.3.act2.alpha 16
-code2wav.decoder.2.block.3.act2.beta 16
-code2wav.decoder.2.block.3.conv2.conv.weight 16,16,1
-code2wav.decoder.2.block.3.conv2.conv.bias 16
-code2wav.decoder.2.block.4.act1.alpha 16
-code2wav.decoder.2.block.4.act1.beta 16
-code2wav.decoder.2.block.4.conv1.conv.weight 16,16,7
-code2wav.decoder.2.block.4.conv1.conv.bias 16
-code2wav.decoder.2.block.4.act2.alpha 16
-code2wav.decoder.2.block.4.act2.beta 16
-code2wav.decoder.2.block.4.conv2.conv.weight 16,16,1
-code2wav.decoder.2.block.4.conv2.conv.bias 16
-code2wav.decoder.3.block.0.alpha 16
-code2wav.decoder.3.block.0.beta 16
-code2wav.decoder.3.block.1.conv.weight 16,8,8
-code2wav.decoder.3.block.1.conv.bias 8
-code2wav.decoder.3.block.2.act1.alpha 8
-code2wav.decoder.3.block.2.act1.beta 8
-code2wav.decoder.3.block.2.conv1.conv.weight 8,8,7
-code2wav.decoder.3.block.2.conv1.conv.bias 8
-code2wav.decoder.3.block.2.act2.alpha 8
-code2wav.decoder.3.block.2.act2.beta 8
-code2wav.decoder.3.block.2.conv2.conv.weight 8,8,1
-code2wav.decoder.3.block.2.conv2.conv.bias 8
-code2wav.decoder.3.block.3.act1.alpha 8
-code2wav.decoder.3.block.3.act1.beta 8
-code2wav.decoder.3.block.3.conv1.conv.weight 8,8,7
-code2wav.decoder.3.block.3.conv1.conv.bias 8
-code2wav.decoder.3.block.3.act2.alpha 8
-code2wav.decoder.3.block.3.act2.beta 8
-code2wav.decoder.3.block.3.conv2.conv.weight 8,8,1
-code2wav.decoder.3.block.3.conv2.conv.bias 8
-code2wav.decoder.3.block.4.act1.alpha 8
-code2wav.decoder.3.block.4.act1.beta 8
-code2wav.decoder.3.block.4.conv1.conv.weight 8,8,7
-code2wav.decoder.3.block.4.conv1.conv.bias 8
-code2wav.decoder.3.block.4.act2.alpha 8
-code2wav.decoder.3.block.4.act2.beta 8
-code2wav.decoder.3.block.4.conv2.conv.weight 8,8,1
-code2wav.decoder.3.block.4.conv2.conv.bias 8
-code2wav.decoder.4.block.0.alpha 8
-code2wav.decoder.4.block.0.beta 8
-code2wav.decoder.4.block.1.conv.weight 8,4,6
-code2wav.decoder.4.block.1.conv.bias 4
-code2wav.decoder.4.block.2.act1.alpha 4
-code2wav.decoder.4.block.2.act1.beta 4
-code2wav.decoder.4.block.2.conv1.conv.weight 4,4,7
-code2wav.decoder.4.block.2.conv1.conv.bias 4
-code2wav.decoder.4.block.2.act2.alpha 4
-code2wav.decoder.4.block.2.act2.beta 4
-code2wav.decoder.4.block.2.conv2.conv.weight 4,4,1
-code2wav.decoder.4.block.2.conv2.conv.bias 4
-code2wav.decoder.4.block.3.act1.alpha 4
-code2wav.decoder.4.block.3.act1.beta 4
-code2wav.decoder.4.block.3.conv1.conv.weight 4,4,7
-code2wav.decoder.4.block.3.conv1.conv.bias 4
-code2wav.decoder.4.block.3.act2.alpha 4
-code2wav.decoder.4.block.3.act2.beta 4
-code2wav.decoder.4.block.3.conv2.conv.weight 4,4,1
-code2wav.decoder.4.block.3.conv2.conv.bias 4
-code2wav.decoder.4.block.4.act1.alpha 4
-code2wav.decoder.4.block.4.act1.beta 4
-code2wav.decoder.4.block.4.conv1.conv.weight 4,4,7
-code2wav.decoder.4.block.4.conv1.conv.bias 4
-code2wav.decoder.4.block.4.act2.alpha 4
-code2wav.decoder.4.block.4.act2.beta 4
-code2wav.decoder.4.block.4.conv2.conv.weight 4,4,1
-code2wav.decoder.4.block.4.conv2.conv.bias 4
-code2wav.decoder.5.alpha 4
-code2wav.decoder.5.beta 4
-code2wav.decoder.6.conv.weight 1,4,7
-code2wav.decoder.6.conv.bias 1
-"""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)                # 2-core CI machine: one intra-op thread avoids contention
-    yield
-    torch.set_num_threads(before)
+# Reduced-config checkpoint layout in the released naming, kept as data (written from transformers 5.17.0).
+MANIFEST = Path(__file__).parent / "data" / "code2wav_manifest.json"
 
 
 @pytest.fixture(scope="module")
@@ -246,16 +75,6 @@ def record_steps(session, log: list) -> None:
         log.append(sig)
         return run(sig, step)
     session.graphs.run = recording
-
-
-def snapshot(session) -> dict:
-    """state() with tensors copied (a cadence session's region views change in place)."""
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in session.state().items()}
-
-
-def same_state(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor)
-                                        else a[k] == b[k] for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -676,10 +495,8 @@ def write_checkpoint(path, drop=None, extra=None, reshape=None):
     from safetensors.torch import save_file
 
     gen = torch.Generator().manual_seed(9)
-    tensors = {}
-    for line in MANIFEST.strip().splitlines():
-        name, shape = line.split()
-        tensors[name] = torch.randn([int(s) for s in shape.split(",")], generator=gen)
+    layout = json.loads(MANIFEST.read_text())["tensors"]
+    tensors = {name: torch.randn(shape, generator=gen) for name, shape in layout.items()}
     tensors.pop(drop, None)
     tensors.update(extra or {})
     if reshape:
@@ -848,49 +665,22 @@ class TestGraphs:
             alone.append(speak_all(session, units))
             session.close()
         sessions = [open_session(mode, sp) for mode, sp, _ in plans]
-        got, errors, done = [None] * len(plans), [], threading.Event()
+        got = [None] * len(plans)
 
         def speaker(i):
-            try:
-                with torch.cuda.stream(torch.cuda.Stream()):
-                    got[i] = speak_all(sessions[i], plans[i][2])
-                sessions[i].close()
-            except Exception as exc:   # noqa: BLE001
-                errors.append(f"session {i}: {type(exc).__name__}: {exc}")
+            with torch.cuda.stream(torch.cuda.Stream()):
+                got[i] = speak_all(sessions[i], plans[i][2])
+            sessions[i].close()
 
-        def churn():
-            k = 0
-            while not done.is_set():
-                c2w.new_session(cuda_model, ("cadence", "stock")[k % 2], spec).close()
-                k += 1
-
-        threads = [threading.Thread(target=speaker, args=(i,)) for i in range(len(plans))]
-        opener = threading.Thread(target=churn)
-        opener.start()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        done.set()
-        opener.join()
+        errors = threaded.beside_churn([functools.partial(speaker, i) for i in range(len(plans))],
+                                       lambda k: c2w.new_session(cuda_model, ("cadence", "stock")[k % 2], spec),
+                                       seed=0, pause_s=0)
         assert errors == [] and got == alone
 
     def test_close_gives_the_device_memory_back(self, cuda_model):
-        first = c2w.new_session(cuda_model, "cadence")            # process-wide lazy state settles here
-        first.prepare()
-        first.close()
-        gc.collect()
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        session = c2w.new_session(cuda_model, "cadence")
-        session.prepare()
-        session.start_turn()
-        session.speak(make_units([12], seed=1)[0])
-        assert torch.cuda.memory_allocated() > before
-        gc.disable()
-        try:
-            session.close()
-            torch.cuda.synchronize()
-            assert torch.cuda.memory_allocated() == before
-        finally:
-            gc.enable()
+        def use(session):
+            session.prepare()
+            session.start_turn()
+            session.speak(make_units([12], seed=1)[0])
+        cuda_checks.check_close_gives_the_memory_back(lambda: c2w.new_session(cuda_model, "cadence"),
+                                                      lambda first: first.prepare(), use)

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import functools
 import gc
-import hashlib
 import json
 import random
-import threading
 import time
 import weakref
 from pathlib import Path
@@ -20,7 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-import threaded  # tests/ is on sys.path under pytest
+import cuda_checks  # tests/ is on sys.path under pytest
+import threaded
+from reduced_mimi import model, random_units  # noqa: F401  (model: a fixture)
+from session_state import digest
+from torch_threads import one_thread  # noqa: F401  (autouse: this module's tests at one intra-op thread)
 from duplexcadence import bind
 from duplexcadence.adapters import mimi
 from duplexcadence.adapters.mimi import schedule as ms
@@ -35,24 +37,9 @@ UNIT_FRAMES = [13, 12] * 5 + [13]          # 138 frames = 276 positions: past th
 SPF = ms.SAMPLES_PER_FRAME
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # the CI machine has 2 cores; one intra-op thread avoids spin contention (about 10x faster here)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return mimi.build_model({}, device="cpu", depth="reduced", seed=0)
-
-
 @pytest.fixture(scope="module")
 def units():
-    gen = torch.Generator().manual_seed(1234)
-    return [torch.randint(0, ms.CARDINALITY, (ms.N_Q, f), generator=gen) for f in UNIT_FRAMES]
+    return random_units(UNIT_FRAMES, seed=1234)
 
 
 def record_steps(session, log: list) -> None:
@@ -95,16 +82,6 @@ def long_run(model, units):
 
 def stock_frames(long_run, unit: int, start: int, stop: int) -> bytes:
     return long_run["outs"][unit][0].waveform[start * SPF:stop * SPF].tobytes()
-
-
-def digest(session) -> str:
-    """sha256 over every state tensor's bytes (copied to the host) and every host counter."""
-    h = hashlib.sha256()
-    for name, value in sorted(session.state().items()):
-        h.update(name.encode())
-        h.update(value.cpu().contiguous().view(torch.uint8).numpy().tobytes()
-                 if isinstance(value, torch.Tensor) else str(value).encode())
-    return h.hexdigest()
 
 
 # --- bit-exactness ------------------------------------------------------------------------------
@@ -625,53 +602,25 @@ class TestCudaGraphs:
             alone.append([session.speak(codes).waveform.tobytes() for codes in units[:4]])
             session.close()
         sessions = [open_session(mode, spec) for mode, spec in specs]
-        got, errors, done = [None] * len(specs), [], threading.Event()
+        got = [None] * len(specs)
 
         def speaker(i):
-            try:
-                with torch.cuda.stream(torch.cuda.Stream()):
-                    got[i] = [sessions[i].speak(codes).waveform.tobytes() for codes in units[:4]]
-                sessions[i].close()
-            except Exception as exc:   # noqa: BLE001
-                errors.append(f"session {i}: {type(exc).__name__}: {exc}")
+            with torch.cuda.stream(torch.cuda.Stream()):
+                got[i] = [sessions[i].speak(codes).waveform.tobytes() for codes in units[:4]]
+            sessions[i].close()
 
-        def churn():
-            k = 0
-            while not done.is_set():
-                mimi.new_session(cuda_model, ("cadence", "stock")[k % 2], {}).close()
-                k += 1
-
-        threads = [threading.Thread(target=speaker, args=(i,)) for i in range(len(specs))]
-        opener = threading.Thread(target=churn)
-        opener.start()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        done.set()
-        opener.join()
+        errors = threaded.beside_churn([functools.partial(speaker, i) for i in range(len(specs))],
+                                       lambda k: mimi.new_session(cuda_model, ("cadence", "stock")[k % 2], {}),
+                                       seed=0, pause_s=0)
         assert errors == [] and got == alone
 
     def test_close_gives_the_device_memory_back(self, cuda_model, units):
+        def prepare_and_speak(session):
+            session.prepare()
+            session.speak(units[0])
         spec = {"cadence_graphs": "unit", "arena_backend": "prealloc"}
-        first = mimi.new_session(cuda_model, "cadence", spec)        # process-wide lazy state settles here
-        first.prepare()
-        first.speak(units[0])
-        first.close()
-        gc.collect()
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        session = mimi.new_session(cuda_model, "cadence", spec)
-        session.prepare()
-        session.speak(units[0])
-        assert torch.cuda.memory_allocated() > before
-        gc.disable()
-        try:
-            session.close()
-            torch.cuda.synchronize()
-            assert torch.cuda.memory_allocated() == before
-        finally:
-            gc.enable()
+        cuda_checks.check_close_gives_the_memory_back(lambda: mimi.new_session(cuda_model, "cadence", spec),
+                                                      prepare_and_speak, prepare_and_speak)
 
     def test_moshi_graphs_baseline_runs(self, cuda_model, units):
         session = mimi.new_session(cuda_model, "stock_graphs", {})

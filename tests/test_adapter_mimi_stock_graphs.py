@@ -7,38 +7,24 @@ exclusively (it waits for other threads' work() to end and runs alone). Reduced 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 
 import pytest
-import torch
 
+from reduced_mimi import model, random_units  # noqa: F401  (tests/ is on sys.path under pytest; model: a fixture)
+from session_state import digest
+from torch_threads import one_thread  # noqa: F401  (autouse: this module's tests at one intra-op thread)
 from duplexcadence import bind, gate
 from duplexcadence.adapters import mimi
-from duplexcadence.adapters.mimi import schedule as ms
 
 LONG, SHORT = 10.0, 0.2         # seconds: a deadlock bound; how long a blocked thread must stay blocked
 FRAMES = (5, 4, 6)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return mimi.build_model({}, device="cpu", depth="reduced", seed=0)
-
-
 @pytest.fixture(scope="module")
 def units():
-    gen = torch.Generator().manual_seed(4321)
-    return [torch.randint(0, ms.CARDINALITY, (ms.N_Q, f), generator=gen) for f in FRAMES]
+    return random_units(FRAMES, seed=4321)
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +32,6 @@ def alone(model, units):
     """Every unit's float32 bytes from one stock_graphs session alone on the model, closed after."""
     with mimi.new_session(model, "stock_graphs", {}) as session:
         return [session.speak(codes).waveform.tobytes() for codes in units]
-
-
-def digest(session) -> str:
-    """sha256 over every state tensor's bytes and every host counter."""
-    h = hashlib.sha256()
-    for name, value in sorted(session.state().items()):
-        h.update(name.encode())
-        h.update(value.contiguous().view(torch.uint8).numpy().tobytes() if isinstance(value, torch.Tensor)
-                 else str(value).encode())
-    return h.hexdigest()
 
 
 def until(condition) -> None:

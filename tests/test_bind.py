@@ -3,6 +3,7 @@ named_buffers()) for the body of a `with`, undone on the way out (also when the 
 thread, refused across threads, under the model's lock."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -141,12 +142,13 @@ def test_live_counts_patches_over_all_threads():
 
 
 # --- threads -------------------------------------------------------------------------------------
-def test_another_threads_patch_of_the_same_name_is_refused_and_nothing_changes():
-    s = Stock()
-    inside, leave, errors = threading.Event(), threading.Event(), []
+@contextlib.contextmanager
+def held_on_another_thread(*patches):
+    """The body runs while another thread is inside bind.bound(*patches); that thread leaves when the body ends."""
+    inside, leave = threading.Event(), threading.Event()
 
     def holder():
-        with bind.bound(bind.attr(s, "offset", 10)):
+        with bind.bound(*patches):
             inside.set()
             leave.wait(10)
 
@@ -154,15 +156,21 @@ def test_another_threads_patch_of_the_same_name_is_refused_and_nothing_changes()
     t.start()
     assert inside.wait(10)
     try:
+        yield
+    finally:
+        leave.set()
+        t.join(10)
+
+
+def test_another_threads_patch_of_the_same_name_is_refused_and_nothing_changes():
+    s, errors = Stock(), []
+    with held_on_another_thread(bind.attr(s, "offset", 10)):
         with pytest.raises(ConcurrencyError, match="'offset'"):
             with bind.bound(bind.attr(s, "table", "mine"), bind.attr(s, "offset", 20)):
                 errors.append("the body ran")
         assert s.offset == 10 and "table" not in vars(s)       # the holder's swap stands; ours undone
         with bind.bound(bind.attr(s, "forward", len)):         # another name of the same object is free
             assert s.forward is len
-    finally:
-        leave.set()
-        t.join(10)
     assert errors == [] and s.offset == 3
 
 
@@ -171,23 +179,10 @@ def test_a_buffer_swap_and_an_attr_swap_of_the_same_name_on_two_threads_are_refu
     (object, name), so the second thread's patch is refused whichever kind it is."""
     m = WithBuffer()
     cache = m.cache
-    inside, leave = threading.Event(), threading.Event()
-
-    def holder():
-        with bind.bound(bind.buffer(m, "cache", torch.ones(4))):
-            inside.set()
-            leave.wait(10)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    assert inside.wait(10)
-    try:
+    with held_on_another_thread(bind.buffer(m, "cache", torch.ones(4))):
         with pytest.raises(ConcurrencyError):
             with bind.bound(bind.attr(m, "cache", torch.full((4,), 2.0))):
                 pass
-    finally:
-        leave.set()
-        t.join(10)
     assert m.cache is cache
 
 

@@ -19,6 +19,7 @@ import torch
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import synthetic_checkpoint as sc  # noqa: E402  (tests/ is on sys.path under pytest)
+from alloc_spy import BigAllocs  # noqa: E402
 from torch_threads import torch_threads  # noqa: E402
 from duplexcadence.adapters.flow_hift import build, facts  # noqa: E402
 from duplexcadence.adapters.flow_hift.stock import StockSession  # noqa: E402
@@ -109,35 +110,10 @@ def test_missing_file_is_named(tmp_path, missing):
     pytest.param("hift.pt", HIFT_KEY, "shape", id="hift-wrong-shape"),
 ])
 def test_checkpoint_defects_raise_naming_the_key(checkpoint, tmp_path, file, key, defect):
-    good, written = checkpoint
-    for name in FILES:
-        if name != file:
-            os.link(good / name, tmp_path / name)
-    state = dict(written[file])
-    if defect == "missing":
-        del state[key]
-    else:
-        state[key] = torch.zeros([s + 1 for s in state[key].shape])
-    torch.save(state, tmp_path / file)
+    sc.write_defective_copy(*checkpoint, tmp_path, FILES, file, key, defect)
     message = "Missing key(s)" if defect == "missing" else "size mismatch"
     with pytest.raises(RuntimeError, match=re.escape(message) + ".*" + re.escape(key)):
         build.build_token2wav(model_dir=tmp_path, n_timesteps=2, device="cpu")
-
-
-class _BigAllocs(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records every tensor an op makes of at least `threshold` elements (views excepted)."""
-
-    def __init__(self, threshold):
-        super().__init__()
-        self.threshold, self.big = threshold, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not getattr(func, "is_view", False):
-            for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                if isinstance(t, torch.Tensor) and t.numel() >= self.threshold:
-                    self.big.append((str(func), tuple(t.shape)))
-        return out
 
 
 def test_reduced_model_has_small_dit_buffers_of_the_stock_layout_and_never_allocates_the_stock_one():
@@ -145,10 +121,10 @@ def test_reduced_model_has_small_dit_buffers_of_the_stock_layout_and_never_alloc
     buffers [2, 2, 8, 1000, 128] / [2, 2, 1024, 2] (the frame axis, a stock limit, kept); building it never makes
     a tensor of the stock 16 x 16 buffer's size (the detector is shown to see one on the meta device first)."""
     stock = 16 * 16 * 2 * 8 * 1000 * 128
-    with _BigAllocs(stock) as control:
+    with BigAllocs(stock) as control:
         torch.zeros(16, 16, 2, 8, 1000, 128, device="meta")
     assert control.big
-    with _BigAllocs(stock) as spy:
+    with BigAllocs(stock) as spy:
         t2w = build.build_token2wav(n_timesteps=2, device="cpu", depth=facts.REDUCED)
     assert spy.big == []
     cfm = t2w.flow.decoder

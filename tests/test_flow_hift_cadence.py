@@ -5,7 +5,6 @@ compared unit by unit in test_flow_hift_plan.py."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -14,30 +13,23 @@ import torch
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-from torch_threads import torch_threads  # noqa: E402  (tests/ is on sys.path under pytest)
+from alloc_spy import BigAllocs  # noqa: E402  (tests/ is on sys.path under pytest)
+from reduced_flow_hift import VOICES, reduced_model, token_maker  # noqa: E402
+from session_state import same_state, snapshot  # noqa: E402
+from torch_threads import two_threads  # noqa: E402, F401  (autouse: this module's tests at two intra-op threads)
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 from duplexcadence.adapters.flow_hift import facts  # noqa: E402
 from duplexcadence.errors import ClosedError, InputError  # noqa: E402
 from duplexcadence.runtime import compare_units  # noqa: E402
 
-VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / "ljspeech_LJ001-0001_24k.wav"
+VOICE = VOICES["minicpmo45"]
 STEPS = 2
-
-
-def tokens_for(unit: int, n: int) -> list[int]:
-    return torch.randint(0, facts.VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(1000 + unit)).tolist()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def two_threads():
-    with torch_threads(2):
-        yield
+tokens_for = token_maker(1000)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return fh.build_model({"n_timesteps": STEPS, "voice_prompt": str(VOICE), "prompt_seconds": 2.0},
-                          depth="reduced", seed=0)
+    return reduced_model("minicpmo45", n_timesteps=STEPS)
 
 
 def run_turn(model, mode, units=3, before=None, each=None, final=False):
@@ -96,20 +88,6 @@ def test_arena_is_what_the_upstream_modules_read(model):
     assert all(ok for _, ok in seen), [s for s in seen if not s[1]]
 
 
-class _BigAllocs(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self, threshold):
-        super().__init__()
-        self.threshold, self.big = threshold, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not getattr(func, "is_view", False):
-            for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                if isinstance(t, torch.Tensor) and t.numel() >= self.threshold:
-                    self.big.append((str(func), tuple(t.shape)))
-        return out
-
-
 def test_steady_unit_allocates_no_dit_cache_sized_tensor(model):
     """Stock re-allocates the whole DiT KV cache by torch.cat every steady unit; cadence does not (the detector is
     shown to work on stock first). The encoder still allocates its grown conformer cache: not covered."""
@@ -119,7 +97,7 @@ def test_steady_unit_allocates_no_dit_cache_sized_tensor(model):
             s.start_turn()
             for u in range(3):                      # first, ramp, then steady
                 s.speak(tokens_for(u, 25))
-            with _BigAllocs(threshold) as spy:
+            with BigAllocs(threshold) as spy:
                 s.speak(tokens_for(3, 25))
         assert bool(spy.big) is expect_big, (mode, spy.big)
 
@@ -194,8 +172,7 @@ def test_a_vocoder_step_keeps_no_reference_to_the_phase_it_computed(model):
 def test_cadence_needs_none_of_the_stock_module_buffers():
     """for_mode(model, "cadence") frees the stock DiT buffers: the voice set-up and every step run on the arena,
     bytes equal stock's (computed on the same instance before), and a stock session is then refused."""
-    m = fh.build_model({"n_timesteps": STEPS, "voice_prompt": str(VOICE), "prompt_seconds": 2.0},
-                       depth="reduced", seed=0)
+    m = reduced_model("minicpmo45", n_timesteps=STEPS)
     script = [(tokens_for(500 + u, n), u == 2) for u, n in enumerate((25, 25, 4))]
     with fh.new_session(m, "stock") as stock:
         stock.start_turn()
@@ -294,12 +271,6 @@ BAD = [
 ]
 
 
-def same_state(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        torch.equal(x.view(torch.uint8), y.view(torch.uint8)) if torch.is_tensor(x) else x == y
-        for x, y in ((a[k], b[k]) for k in a))
-
-
 @pytest.fixture(scope="module")
 def spoken(model):
     """mode -> a session with an open turn after one unit, shared by the bad-token cases (the last tests here:
@@ -321,7 +292,7 @@ def spoken(model):
 @pytest.mark.parametrize("mode", fh.MODES)
 def test_bad_tokens_rejected_and_state_unchanged(spoken, mode, tokens, match):
     s = spoken(mode)
-    before = {k: v.clone() if torch.is_tensor(v) else v for k, v in s.state().items()}
+    before = snapshot(s)
     with pytest.raises(InputError, match=match):
         s.speak(tokens)
     assert same_state(before, s.state())
@@ -332,8 +303,7 @@ def test_bad_tokens_rejected_and_state_unchanged(spoken, mode, tokens, match):
 def cuda_model():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA: graph capture and replay")
-    return fh.build_model({"n_timesteps": STEPS, "voice_prompt": str(VOICE), "prompt_seconds": 2.0},
-                          device="cuda", depth="reduced", seed=0)
+    return reduced_model("minicpmo45", device="cuda", n_timesteps=STEPS)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture and replay")
@@ -344,7 +314,7 @@ def test_cuda_graph_replay_is_bit_exact_and_steady_units_replay(cuda_model):
     it replays too. Every unit byte-identical to stock."""
     m = cuda_model
     with fh.new_session(m, "stock") as stock, fh.new_session(m, "cadence") as cad:
-        before = {k: v.clone() if torch.is_tensor(v) else v for k, v in cad.state().items()}
+        before = snapshot(cad)
         done = cad.prepare()
         assert done["captures"] == len(set(fh.plan.steady_signatures(_turn(cad.clocks())))) > 0
         assert done["capture_failures"] == 0 and same_state(before, cad.state())

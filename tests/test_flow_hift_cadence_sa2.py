@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-from torch_threads import torch_threads  # noqa: E402  (tests/ is on sys.path under pytest)
+from reduced_flow_hift import VOICES, reduced_model, token_maker  # noqa: E402  (tests/ is on sys.path under pytest)
+from session_state import same_state, snapshot  # noqa: E402
+from torch_threads import two_threads  # noqa: E402, F401  (autouse: this module's tests at two intra-op threads)
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 from duplexcadence.adapters.flow_hift import facts, plan  # noqa: E402
 from duplexcadence.adapters.flow_hift.hift_graph import DeviceConstants  # noqa: E402
@@ -21,8 +22,7 @@ from duplexcadence.clocks import ClockError  # noqa: E402
 from duplexcadence.errors import InputError, LimitError  # noqa: E402
 from duplexcadence.runtime import BitMismatch, compare_units  # noqa: E402
 
-VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / \
-    "librispeech_8297-275156-0011_24k.wav"
+VOICE = VOICES["stepaudio2"]
 STEPS = 2
 # Three turns on the same caches (upstream never resets them). Calls: turn 0: -, 28 (the session's first call: no
 # HiFT history), 28 (DiT cache ramps P -> P+100), 28 (steady at P+100), 28 + flush 6 (two calls in one unit);
@@ -31,8 +31,7 @@ TURNS = [[16, 25, 25, 25, 15], [2], [9, 10]]
 EXPECTED_CALLS = [[], [28], [28], [28], [28, 6], [2], [], [19]]
 
 
-def tokens_for(unit: int, n: int) -> list[int]:
-    return torch.randint(0, facts.VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(2000 + unit)).tolist()
+tokens_for = token_maker(2000)
 
 
 def run(session, turns=TURNS, observe=None):
@@ -47,25 +46,9 @@ def run(session, turns=TURNS, observe=None):
     return outs
 
 
-def snapshot(s) -> dict:
-    return {k: v.clone() if torch.is_tensor(v) else v for k, v in s.state().items()}
-
-
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(x, y) if torch.is_tensor(x) else x == y
-                                        for x, y in ((a[k], b[k]) for k in a))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def two_threads():
-    with torch_threads(2):
-        yield
-
-
 @pytest.fixture(scope="module")
 def model():
-    return fh.build_model({"variant": "stepaudio2", "n_timesteps": STEPS, "voice_prompt": str(VOICE),
-                           "prompt_seconds": 2.0}, depth="reduced", seed=0)
+    return reduced_model("stepaudio2", n_timesteps=STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +94,7 @@ def test_conformer_region_grows_at_a_stable_address_and_matches_stock(runs, mode
         expect.append(L)
     assert [s["clocks"]["conformer_att"] for s in seen] == expect and expect[-1] > P + 100 + 54
     assert len({s["conf_ptr"] for s in seen}) == 1 and all(s["ptrs"] == seen[0]["ptrs"] for s in seen)
-    assert same(runs["stock_state"], runs["cadence_state"])
+    assert same_state(runs["stock_state"], runs["cadence_state"])
 
 
 def test_position_table_limit_rejected_in_both_modes_before_any_change(model, monkeypatch):
@@ -131,7 +114,7 @@ def test_position_table_limit_rejected_in_both_modes_before_any_change(model, mo
             before = snapshot(s)
             with pytest.raises(ClockError, match=r"conformer_att.*200.*180.*position table") as err:
                 s.speak(tokens_for(2, 25))
-            assert err.value.session_usable is False and same(before, snapshot(s))
+            assert err.value.session_usable is False and same_state(before, snapshot(s))
     t2w = model.t2w
     t2w.set_stream_cache(model.prompt.key)
     t2w.stream(tokens_for(0, 28), model.prompt.key)
@@ -152,7 +135,7 @@ def test_bad_input_leaves_state_unchanged(model):
         for bad, what in (([1, 6561], r"tokens\[1\].*6561"), ([1, "x"], r"tokens\[1\]"), (list(range(26)), "at most 25")):
             with pytest.raises(InputError, match=what):
                 cad.speak(bad)
-            assert same(before, snapshot(cad))
+            assert same_state(before, snapshot(cad))
 
 
 def test_negative_controls_fail_the_check(runs, model):
@@ -184,7 +167,7 @@ def test_one_token_flush_refused_in_both_modes_before_any_change(model):
             before = snapshot(s)
             with pytest.raises(InputError, match="1 token"):
                 s.speak([7], final=True)
-            assert same(before, snapshot(s))
+            assert same_state(before, snapshot(s))
             assert s.speak(tokens_for(0, 3), final=True).info["calls"] == [3]
     t2w = model.t2w
     t2w.set_stream_cache(model.prompt.key)
@@ -210,7 +193,7 @@ def test_call_after_a_short_first_flush_refused_in_both_modes(model, n):
             for _ in range(2):
                 with pytest.raises(LimitError, match=f"{960 * n} samples.*cannot speak again") as err:
                     s.speak(tokens_for(2, 3))
-                assert err.value.session_usable is False and same(before, snapshot(s))
+                assert err.value.session_usable is False and same_state(before, snapshot(s))
     compare_units("stepaudio2-short-flush", 0, outs["stock"], outs["cadence"])
     with fh.new_session(model, "cadence") as ok:
         ok.start_turn()
@@ -233,8 +216,7 @@ def test_device_constants_one_copy_per_content():
 
 
 def test_cadence_only_process_frees_the_stock_buffers_and_stays_bit_exact(runs):
-    released = fh.build_model({"variant": "stepaudio2", "n_timesteps": STEPS, "voice_prompt": str(VOICE),
-                               "prompt_seconds": 2.0}, depth="reduced", seed=0)
+    released = reduced_model("stepaudio2", n_timesteps=STEPS)
     buf = released.t2w.flow.decoder.att_cache_buffer
     assert fh.for_mode(released, "cadence")["stock_buffers_released_bytes"] >= buf.numel() * buf.element_size()
     with pytest.raises(InputError, match="released"):
@@ -268,17 +250,16 @@ def test_cuda_prepared_graphs_replay_every_step_bit_exact_with_equal_generator_s
     changing state, clocks or the generator; then every step of every unit replays (replays per unit = the steps
     the clocks predict; no capture, warm-up or eager fallback inside a unit), every unit's bytes and the
     generator state after it equal stock's."""
-    m = fh.build_model({"variant": "stepaudio2", "n_timesteps": STEPS, "voice_prompt": str(VOICE),
-                        "prompt_seconds": 2.0}, depth="reduced", seed=0, device="cuda")
+    m = reduced_model("stepaudio2", device="cuda", n_timesteps=STEPS)
     rng = []
     with fh.new_session(m, "stock") as s:
         ref = run(s, observe=lambda s, u: rng.append(s.state()["generator"].clone()))
     with fh.new_session(m, "cadence") as cad:
         before = snapshot(cad)
         done = cad.prepare()
-        assert done["captures"] == len(plan.steady_signatures(cad.clocks())) and same(before, snapshot(cad))
+        assert done["captures"] == len(plan.steady_signatures(cad.clocks())) and same_state(before, snapshot(cad))
         oracle = fh.oracle_prepare(cad, TURNS)
-        assert oracle["capture_failures"] == 0 and same(before, snapshot(cad))
+        assert oracle["capture_failures"] == 0 and same_state(before, snapshot(cad))
         outs, unit = [], 0
         for turn in TURNS:
             cad.start_turn()

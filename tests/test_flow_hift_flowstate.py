@@ -10,38 +10,20 @@ import os
 import threading
 import time
 import weakref
-from pathlib import Path
-
 import pytest
-import torch
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-from torch_threads import torch_threads  # noqa: E402  (tests/ is on sys.path under pytest)
+from reduced_flow_hift import model, token_maker  # noqa: E402, F401  (model: a fixture)
+from session_state import same_state, snapshot  # noqa: E402
+from torch_threads import two_threads  # noqa: E402, F401  (autouse: this module's tests at two intra-op threads)
 from duplexcadence import bind  # noqa: E402
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
-from duplexcadence.adapters.flow_hift import facts, plan  # noqa: E402
+from duplexcadence.adapters.flow_hift import plan  # noqa: E402
 from duplexcadence.graphs import GraphStats  # noqa: E402
 from duplexcadence.session import SessionStats  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts"
-VOICES = {"minicpmo45": DATA / "ljspeech_LJ001-0001_24k.wav", "stepaudio2": DATA / "librispeech_8297-275156-0011_24k.wav"}
-
-
-def tokens_for(unit: int, n: int) -> list[int]:
-    return torch.randint(0, facts.VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(4000 + unit)).tolist()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def two_threads():
-    with torch_threads(2):
-        yield
-
-
-@pytest.fixture(scope="module", params=facts.VARIANTS)
-def model(request):
-    return fh.build_model({"variant": request.param, "n_timesteps": 2, "voice_prompt": str(VOICES[request.param]),
-                           "prompt_seconds": 2.0}, depth="reduced", seed=0)
+tokens_for = token_maker(4000)
 
 
 def shared_objects(model) -> dict:
@@ -109,15 +91,6 @@ class FakeGraphs:
         self.entries.clear()
 
 
-def snapshot(s) -> dict:
-    return {k: v.clone() if torch.is_tensor(v) else v for k, v in s.state().items()}
-
-
-def same(a, b) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(x, y) if torch.is_tensor(x) else x == y
-                                        for x, y in ((a[k], b[k]) for k in a))
-
-
 def test_prepare_captures_the_steady_set_and_leaves_the_session_as_it_was(model):
     """prepare(None) warms each step family once on the session's state and puts it back, captures the clocks'
     steady set, and changes neither state nor clocks: the units after it replay every step and give the bytes of
@@ -137,7 +110,7 @@ def test_prepare_captures_the_steady_set_and_leaves_the_session_as_it_was(model)
         steady = plan.steady_signatures(_fresh_turn(s) if model.variant == "minicpmo45" else s.clocks())
         assert set(fake.entries) == set(steady) and done["captures"] == len(steady) and done["warmup_runs"] == 2
         assert set(done) == set(SessionStats.COUNTERS)
-        assert same(before, snapshot(s)) and s.clocks().host() == clocks
+        assert same_state(before, snapshot(s)) and s.clocks().host() == clocks
         assert s.prepare(s.signatures(25))["captures"] == 0          # already captured
         got = [want[0]]
         for u in range(1, 4):

@@ -13,15 +13,14 @@ import torch
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-from torch_threads import torch_threads  # noqa: E402  (tests/ is on sys.path under pytest)
+from reduced_flow_hift import reduced_model  # noqa: E402  (tests/ is on sys.path under pytest)
+from session_state import snapshot  # noqa: E402
+from torch_threads import two_threads  # noqa: E402, F401  (autouse: this module's tests at two intra-op threads)
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
 from duplexcadence.adapters.flow_hift import facts, plan  # noqa: E402
 from duplexcadence.runtime import compare_units  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "workloads" / "data" / "sessions" / "flow_hift.jsonl"
-VOICES = {"minicpmo45": ROOT / "workloads" / "data" / "voice_prompts" / "ljspeech_LJ001-0001_24k.wav",
-          "stepaudio2": ROOT / "workloads" / "data" / "voice_prompts" / "librispeech_8297-275156-0011_24k.wav"}
+SCRIPT = Path(__file__).resolve().parents[1] / "workloads" / "data" / "sessions" / "flow_hift.jsonl"
 
 
 def script_turns() -> list[list[list[int]]]:
@@ -47,23 +46,12 @@ def stock_lengths(variant: str, t2w) -> dict:
     return out
 
 
-def snapshot(session) -> dict:
-    return {k: v.clone() if torch.is_tensor(v) else v for k, v in session.state().items()}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def two_threads():
-    with torch_threads(2):
-        yield
-
-
 @pytest.fixture(scope="module", params=facts.VARIANTS)
 def walk(request):
     """Stock and cadence over the whole script on one model: per unit the predicted signatures, the signatures
     the cadence steps ran with, the predicted and the stock lengths after each call, both outputs and states."""
     variant = request.param
-    model = fh.build_model({"variant": variant, "n_timesteps": 2, "voice_prompt": str(VOICES[variant]),
-                            "prompt_seconds": 2.0}, depth="reduced", seed=0)
+    model = reduced_model(variant)
     stock, cad = fh.new_session(model, "stock"), fh.new_session(model, "cadence")
     ran, calls_seen, stream = [], [], model.t2w.stream
 

@@ -6,38 +6,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-from torch_threads import torch_threads  # noqa: E402  (tests/ is on sys.path under pytest)
+from reduced_flow_hift import VOICES, model, reduced_model, token_maker  # noqa: E402, F401  (model: a fixture)
+from torch_threads import two_threads  # noqa: E402, F401  (autouse: this module's tests at two intra-op threads)
 from duplexcadence.adapters import flow_hift as fh  # noqa: E402
-from duplexcadence.adapters.flow_hift import facts  # noqa: E402
 from duplexcadence.adapters.flow_hift.stock import OwnGenerator  # noqa: E402
 from duplexcadence.clocks import ClockError  # noqa: E402
 from duplexcadence.errors import ConcurrencyError  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts"
-VOICES = {"minicpmo45": DATA / "ljspeech_LJ001-0001_24k.wav", "stepaudio2": DATA / "librispeech_8297-275156-0011_24k.wav"}
-
-
-def tokens_for(unit: int, n: int) -> list[int]:
-    return torch.randint(0, facts.VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(3000 + unit)).tolist()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def two_threads():
-    with torch_threads(2):
-        yield
-
-
-@pytest.fixture(scope="module", params=facts.VARIANTS)
-def model(request):
-    return fh.build_model({"variant": request.param, "n_timesteps": 2, "voice_prompt": str(VOICES[request.param]),
-                           "prompt_seconds": 2.0}, depth="reduced", seed=0)
+tokens_for = token_maker(3000)
 
 
 def test_a_second_live_stock_session_is_refused_until_the_first_closes(model):
@@ -104,8 +86,7 @@ def test_stepaudio2_sessions_draw_from_their_own_generators():
     """Opening and speaking leave the process's generators as they were; two sessions with other seeds interleaved
     on one thread give exactly the bytes each gives alone (a stock and a cadence session, and two cadence
     sessions); the same seed gives the same bytes."""
-    m = fh.build_model({"variant": "stepaudio2", "n_timesteps": 2, "voice_prompt": str(VOICES["stepaudio2"]),
-                        "prompt_seconds": 2.0}, depth="reduced", seed=0)
+    m = reduced_model("stepaudio2")
     other = dataclasses.replace(m, seed=7)
     global_before = torch.get_rng_state()
     alone = {}

@@ -13,6 +13,7 @@ import threading
 import pytest
 import torch
 
+from cuda_checks import needs_fresh_streams, pool_segments, settle  # tests/ is on sys.path under pytest
 from duplexcadence import graphs
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import signature
@@ -22,17 +23,7 @@ from duplexcadence.graphs import (STREAMS, ArenaMoved, GraphCache, GraphEntry, S
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture")
 
 
-def _has_cuda_python() -> bool:
-    try:
-        from cuda.bindings import driver  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-needs_fresh_streams = pytest.mark.skipif(
-    not (torch.cuda.is_available() and _has_cuda_python()),
-    reason="needs CUDA and cuda-python: a driver stream that no earlier test ran a GEMM on")
+fresh_streams = needs_fresh_streams("a driver stream that no earlier test ran a GEMM on")
 
 
 class _FakeStream:
@@ -502,7 +493,7 @@ def test_cuda_drop_runs_later_steps_eagerly():
     assert torch.equal(x.cpu(), torch.ones(16)) and cache.stats.eager_fallbacks == 1
 
 
-@needs_fresh_streams
+@fresh_streams
 def test_cuda_prime_workspace_counts_what_it_reserves_and_runs_once_per_stream():
     leases = StreamLeases()                                  # a new driver stream: never primed
     stream = leases.acquire("cuda")
@@ -521,11 +512,7 @@ def test_cuda_prime_workspace_counts_what_it_reserves_and_runs_once_per_stream()
     leases.release(stream)
 
 
-def _pool_segments(pool) -> list:
-    return [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == tuple(pool)]
-
-
-@needs_fresh_streams
+@fresh_streams
 def test_cuda_a_stream_handed_from_a_dropped_cache_keeps_no_block_of_its_pool(monkeypatch):
     """A session-like user captures two cuBLAS GEMMs (cublas and the cuBLASLt bias path) on its leased capture
     stream and is dropped; its stream goes to a new cache, whose replay gives eager's bytes, and nothing of
@@ -544,38 +531,38 @@ def test_cuda_a_stream_handed_from_a_dropped_cache_keeps_no_block_of_its_pool(mo
     torch.cuda.empty_cache()
     sig = signature("gemm", 192)
 
-    first = GraphCache("cuda", inline=False)
-    stream, pool = first.capture_stream.cuda_stream, tuple(first.pool)
-    assert first.capture(sig, step) is True
-    out = first.run(sig, step)
-    torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
-    assert _pool_segments(pool), "the graph's output should live in its pool while the cache does"
-    del out
-    first.drop()
-    del first
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    assert _pool_segments(pool) == []
+    def one_cache(before_capture, while_held) -> tuple:
+        """A new cache: before_capture(stream, pool), capture and replay (eager's bytes), while_held(pool) with the
+        replay's output alive, then drop it; once settled, no segment of its pool is left. Returns (stream, pool)."""
+        cache = GraphCache("cuda", inline=False)
+        stream, pool = cache.capture_stream.cuda_stream, tuple(cache.pool)
+        before_capture(stream, pool)
+        assert cache.capture(sig, step) is True
+        out = cache.run(sig, step)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+        while_held(pool)
+        del out
+        cache.drop()
+        del cache
+        settle()
+        assert pool_segments(pool) == []
+        return stream, pool
+
+    def first_held(pool):
+        assert pool_segments(pool), "the graph's output should live in its pool while the cache does"
+
+    stream, pool = one_cache(lambda stream, pool: None, first_held)
+
+    def second_before(stream2, pool2):
+        assert stream2 == stream                             # the dropped cache's stream, handed on
+        assert pool2 != pool
+
+    def second_held(pool2):
+        assert graphs.PRIMED_BYTES[0] == primed              # primed once, by the first holder
 
     allocated, primed = torch.cuda.memory_allocated(), graphs.PRIMED_BYTES[0]
-    second = GraphCache("cuda", inline=False)
-    assert second.capture_stream.cuda_stream == stream       # the dropped cache's stream, handed on
-    pool2 = tuple(second.pool)
-    assert pool2 != pool
-    assert second.capture(sig, step) is True
-    out = second.run(sig, step)
-    torch.cuda.synchronize()
-    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
-    assert graphs.PRIMED_BYTES[0] == primed                  # primed once, by the first holder
-    del out
-    second.drop()
-    del second
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    assert _pool_segments(pool2) == []
+    one_cache(second_before, second_held)
     assert torch.cuda.memory_allocated() == allocated
 
 

@@ -7,29 +7,17 @@ hand-over on a bare GraphCache; CPU-only machines skip this module's test with t
 """
 from __future__ import annotations
 
-import gc
-
-import pytest
 import torch
 
 import duplexcadence as dc
+from cuda_checks import needs_fresh_streams, pool_segments, settled_allocated  # tests/ is on sys.path under pytest
 from duplexcadence import graphs
 from duplexcadence.graphs import StreamLeases, prime_workspace
 
 TURN = [12, 13, 12, 13]            # frames @ 12.5 Hz per SPEAK unit; the last is final: every window is prepared
 
 
-def _has_cuda_python() -> bool:
-    try:
-        from cuda.bindings import driver  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-needs_fresh_streams = pytest.mark.skipif(
-    not (torch.cuda.is_available() and _has_cuda_python()),
-    reason="needs CUDA and cuda-python: graph capture on a driver stream that no earlier test ran a GEMM on")
+fresh_streams = needs_fresh_streams("graph capture on a driver stream that no earlier test ran a GEMM on")
 
 
 def make_units(frames, seed: int = 11) -> list:
@@ -42,20 +30,6 @@ def speak_turn(session, units) -> list:
     """One turn of `units` (the last final); the UnitOutputs."""
     session.start_turn()
     return [session.speak(codes, final=k == len(units) - 1) for k, codes in enumerate(units)]
-
-
-def settled_allocated() -> int:
-    """torch's allocated device bytes once garbage is collected, the device idle and the cache emptied (a graph
-    pool no graph uses any more gives its segments back here)."""
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return torch.cuda.memory_allocated()
-
-
-def pool_segments(pool) -> list:
-    """The allocator segments that belong to graph pool `pool` (memory_snapshot's segment_pool_id)."""
-    return [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == tuple(pool)]
 
 
 def same_bytes(what: str, want: list, got: list) -> None:
@@ -76,7 +50,7 @@ def graphed_turn(session, units) -> list:
     return outs
 
 
-@needs_fresh_streams
+@fresh_streams
 def test_cuda_a_closed_sessions_capture_stream_goes_to_the_next_session_and_keeps_nothing_of_its_pool(monkeypatch):
     """Open a cadence session, prepare, speak a turn (graphs replayed), close; the next cadence session gets the
     same capture stream, replays the same turn to the eager bytes, and neither leaves a block of its pool: what

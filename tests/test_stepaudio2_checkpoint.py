@@ -89,16 +89,7 @@ def test_a_missing_file_is_one_line_naming_it(checkpoint, tmp_path, missing):
     pytest.param("hift.pt", "generator.extra.weight", "unexpected", "unexpected key 'extra.weight'", id="hift-extra"),
 ])
 def test_a_mismatched_file_is_one_line_naming_the_file_and_key(checkpoint, tmp_path, file, key, defect, message):
-    good, written = checkpoint
-    for name in sc.STEPAUDIO2_FILES:
-        if name != file:
-            os.link(good / name, tmp_path / name)
-    state = dict(written[file])
-    if defect == "missing":
-        del state[key]
-    else:
-        state[key] = torch.zeros([s + 1 for s in state[key].shape] if defect == "shape" else [2])
-    torch.save(state, tmp_path / file)
+    sc.write_defective_copy(*checkpoint, tmp_path, sc.STEPAUDIO2_FILES, file, key, defect)
     with pytest.raises(build.CheckpointError) as exc:
         build.build_stepaudio2_token2wav(tmp_path, n_timesteps=2)
     text = str(exc.value)

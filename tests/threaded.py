@@ -8,11 +8,12 @@ from typing import Callable
 
 
 def beside_churn(speakers: list[Callable[[], None]], open_session: Callable[[int], object], *,
-                 seed: int) -> list[str]:
+                 seed: int, pause_s: float = 0.01) -> list[str]:
     """Run each of `speakers` on a thread of its own while one more thread opens `open_session(k)` for k = 0,
-    1, ..., waits up to 10 ms, closes it and waits up to 10 ms again (pauses seeded by `seed`), until every
-    speaker has returned. Returns every exception as "session I: Type: message" (I: the speaker's index) or
-    "churn: Type: message"; an empty list when nothing raised."""
+    1, ..., waits up to `pause_s`, closes it and waits up to `pause_s` again (pauses seeded by `seed`; none
+    with pause_s=0: back to back), until every speaker has returned. Returns every exception as
+    "session I: Type: message" (I: the speaker's index) or "churn: Type: message"; an empty list when
+    nothing raised."""
     errors, done = [], threading.Event()
 
     def run(i):
@@ -26,9 +27,11 @@ def beside_churn(speakers: list[Callable[[], None]], open_session: Callable[[int
         try:
             while not done.is_set():
                 session = open_session(k)
-                time.sleep(rng.uniform(0, 0.01))
+                if pause_s:
+                    time.sleep(rng.uniform(0, pause_s))
                 session.close()
-                time.sleep(rng.uniform(0, 0.01))
+                if pause_s:
+                    time.sleep(rng.uniform(0, pause_s))
                 k += 1
         except Exception as exc:   # noqa: BLE001
             errors.append(f"churn: {type(exc).__name__}: {exc}")

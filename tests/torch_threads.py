@@ -7,12 +7,16 @@ the same pytest process. Modules that run at a fixed count hold it for their own
     def two_threads():
         with torch_threads(2):
             yield
+
+The two counts most modules use are such fixtures here, `one_thread` and `two_threads`; a module imports the one
+it runs at (pytest finds a fixture in the module's namespace: `from torch_threads import one_thread`).
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 
+import pytest
 import torch
 
 
@@ -25,3 +29,18 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """The importing module's tests at one intra-op thread (on a loaded 2-core machine, one thread avoids spin
+    contention between the two)."""
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_threads() -> Iterator[None]:
+    """The importing module's tests at two intra-op threads."""
+    with torch_threads(2):
+        yield
