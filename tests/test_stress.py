@@ -259,6 +259,22 @@ def test_the_record_so_far_comes_before_the_references_and_fresh_references_buil
     assert partial["summary"]["references_s"] is None and rec["summary"]["references_s"] > 0
 
 
+def test_references_first_compare_every_unit_in_the_record_written_when_the_threads_end():
+    # a run cut after its threads (its device time spent) still holds the byte comparison
+    target, seen = fake_target("plain"), []
+    rec = quick([target], reference="shared-first", on_stress=seen.append, max_units=4)
+    (partial,) = seen
+    scripts, modes = len(target.scripts), len(rec["parameters"]["modes"])
+    assert len(partial["references"]) == scripts * modes                       # every combination, drawn or not
+    assert all(r["units"] == min(4, len(w)) for r, w in zip(partial["references"].values(), target.work * modes))
+    assert not partial["finished"] and partial["summary"]["units_compared"] == partial["summary"]["units"] > 0
+    assert any("not read yet" in r for r in partial["invalid_reasons"])
+    assert rec["finished"] and rec["invalid_reasons"] == [] and rec["summary"]["references_s"] > 0
+    assert len(target.adapter.builds) == 1                                   # on the stress's own instance
+    caught = quick([fake_target("shared", adapter=adapter_of(SharedCursor))], reference="shared-first")
+    assert caught["summary"]["differing_units"] > 0, caught["summary"]
+
+
 def test_exceptions_are_recorded_with_their_traceback_and_counted():
     rec = quick([fake_target("fails", adapter=adapter_of(FailsOnSomeUnits))])
     excs = rec["exceptions"]

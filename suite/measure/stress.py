@@ -26,7 +26,9 @@ closed and the thread goes on.
 
 Reference: after the stress, each (workload, mode, script) that ran is run alone, sequentially, in this
 process, up to the longest prefix any of its sessions spoke, on the same instance (--reference shared) or
-on one built the same way (fresh); every unit's sha256 (float32 waveform, int16 PCM) must equal its
+on one built the same way (fresh); with --reference shared-first, every combination a thread can draw is run
+alone to --max-units before the warm-up instead, so that a run cut after its threads still compares its units
+(the record written when the threads are done then holds the comparison); every unit's sha256 (float32 waveform, int16 PCM) must equal its
 session's. The threads and sessions: suite.measure.stress_session; memory: suite.measure.trend (a sample
 after every close, and the flatness rule). DIR/stress.json (schema STRESS_SCHEMA) is written when the
 threads are done (verdict PARTIAL) and again at the end, with the references' wall seconds (a run that must
@@ -66,12 +68,12 @@ import workloads
 from duplexcadence import bind, gate, graphs, runtime, vmm
 from suite.measure import env, memory, trend
 from suite.measure.session import make_spec
-from suite.measure.stress_session import HANG_S, COLUMNS, Stress, Target, by_kind, compare, references
+from suite.measure.stress_session import HANG_S, COLUMNS, Stress, Target, by_kind, compare, every_combination, references
 from suite.records import DIRTY_TREE, EXIT_INVALID, NOT_FINISHED, STRESS_SCHEMA, jsonable
 from workloads import traffic
 
 MODES = ("stock", "cadence")
-REFERENCES = ("shared", "fresh")
+REFERENCES = ("shared", "fresh", "shared-first")
 KEPT_DIFFERENCES = 200         # differing units kept in the record (all are counted)
 
 
@@ -121,14 +123,18 @@ def _stress_run(targets, modes, threads, seconds, seed, max_units, device, windo
                 on_stress, history, quiesce_every, warm_up) -> dict:
     stress = Stress(targets, modes, threads=threads, seconds=seconds, seed=seed, max_units=max_units,
                     device=device, progress=progress, hang_s=hang_s, quiesce_every=quiesce_every)
-    facts = {"before_warm_up": stress.sampler.now()}
+    facts, refs = {}, None
+    if reference == "shared-first":
+        refs = _timed_references(stress, facts, progress, longest=every_combination(stress))
+    facts["before_warm_up"] = stress.sampler.now()
     facts["warm_up"] = stress.warm_up() if warm_up else None
     if progress and facts["warm_up"]:
         print(f"  warm-up: {facts['warm_up']}", flush=True)
+    before = len(stress.exceptions)
     facts.update(start=stress.sampler.now(), wall_s=stress.run())
     if stress.device.type == "cuda":
         gate.synchronize(stress.device)
-    facts.update(end=stress.sampler.now(), in_stress=len(stress.exceptions),
+    facts.update(end=stress.sampler.now(), in_stress=len(stress.exceptions) - before,
                  checks={"bind_patches_live_after": bind.live(), "streams_leased_after": graphs.STREAMS.leased(),
                          "cuda_graphs_alive_after": alive(torch.cuda.CUDAGraph), "vmm_mapped_mib_after": vmm_mapped_mib()})
     params = {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads, "seconds": seconds,
@@ -138,17 +144,23 @@ def _stress_run(targets, modes, threads, seconds, seed, max_units, device, windo
               "device": str(device), "specs": {t.name: t.spec for t in targets},
               "scripts": {t.name: [str(s.path) for s in t.scripts] for t in targets}}
     if on_stress is not None:
-        on_stress(judge(stress, None, params, facts))
+        on_stress(judge(stress, refs, params, facts, finished=False))
     if progress:
-        print(f"  stress done: {len(stress.sessions)} sessions in {facts['wall_s']:.0f} s; references ...",
-              flush=True)
+        print(f"  stress done: {len(stress.sessions)} sessions in {facts['wall_s']:.0f} s", flush=True)
+    if refs is None:
+        refs = _timed_references(stress, facts, progress, fresh=reference == "fresh")
+    facts["residue"] = memory.residue(stress.device, history)
+    return judge(stress, refs, params, facts)
+
+
+def _timed_references(stress: Stress, facts: dict, progress: bool, **kw) -> dict:
+    """references(stress, **kw), its wall seconds in facts["references_s"], a progress line after."""
     t0 = time.perf_counter()
-    refs = references(stress, fresh=reference == "fresh")
+    refs = references(stress, **kw)
     facts["references_s"] = time.perf_counter() - t0
     if progress:
         print(f"  references done: {len(refs)} sessions alone in {facts['references_s']:.0f} s", flush=True)
-    facts["residue"] = memory.residue(stress.device, history)
-    return judge(stress, refs, params, facts)
+    return refs
 
 
 def alive(kind: type) -> int:
@@ -176,8 +188,9 @@ def _collected(kind: type) -> list:
         return [o for o in gc.get_objects() if isinstance(o, kind)]
 
 
-def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
-    """The record of a finished stress against `refs` (None: not run yet; the record then says so)."""
+def judge(stress: Stress, refs: dict | None, params: dict, facts: dict, finished: bool = True) -> dict:
+    """The record of the stress against `refs` (None: not run yet; the record then says so); `finished` False
+    while the run has more to do (the references, or the residue once the references ran first)."""
     compared, missing, diffs = compare(stress.sessions, refs or {})
     series = stress.sampler.series()
     per_close = trend.judge(series, params["window"])
@@ -199,6 +212,8 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
                        f"their stacks are in the exceptions): no reference was run")
     if refs is None:
         reasons.append(f"{NOT_FINISHED}: the references have not run yet")
+    elif not finished:
+        reasons.append(f"{NOT_FINISHED}: what stays allocated after every session closed is not read yet")
     elif missing:
         reasons.append(f"{missing} units have no reference (its run alone failed or spoke less)")
     if refs is not None and not compared:
@@ -224,7 +239,7 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict) -> dict:
                        **({"quiescent": quiet, "flatness_every_close": per_close,
                            "host_flatness": trend.judge_quiet(quiet, params["window"], part="host")}
                           if quiet is not None else {})},
-            "checks": checks, "invalid_reasons": reasons, "finished": refs is not None}
+            "checks": checks, "invalid_reasons": reasons, "finished": finished and refs is not None}
 
 
 def table(record: dict) -> str:
@@ -326,7 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge memory on samples with no session open, taken every K closes (0: a sample after "
                         "every close, fitted with the open counts)")
     p.add_argument("--reference", choices=REFERENCES, default="shared",
-                   help="the sessions run alone on the stress's instances (shared) or on new ones built the same way")
+                   help="the sessions run alone after the threads on the stress's instances (shared) or on new ones "
+                        "built the same way (fresh); shared-first: every combination a thread can draw, run alone "
+                        "on the stress's instances to --max-units before the warm-up, so that a run cut after its "
+                        "threads still compares every unit")
     p.add_argument("--hang-s", type=_at_least(float, 0, strict=True), default=HANG_S,
                    help="a thread still in a session this long after the deadline is recorded as hung")
     p.add_argument("--depth", default="released", choices=("released", "reduced"))

@@ -366,15 +366,24 @@ def play(session, u, turn):
 
 
 # --- references and comparison --------------------------------------------------------------------------
-def references(stress: Stress, fresh: bool) -> dict:
-    """(workload, mode, script) -> SessionRecord of each combination that ran, run alone up to its longest prefix,
-    sequentially (per workload on a new instance when `fresh`), on a leased stream; {} when a thread hung
-    (it may hold a lock a reference would wait for)."""
-    longest: dict[tuple, int] = {}
-    for r in stress.sessions:
-        if r.spoken_units:
-            key = (r.workload, r.mode, r.script)
-            longest[key] = max(longest.get(key, 0), r.spoken_units)
+def every_combination(stress: Stress) -> dict[tuple, int]:
+    """(workload, mode, script) -> units with work, for every combination a thread can draw (its most units:
+    --max-units or the script's units with work, whichever is fewer)."""
+    return {(t.name, mode, k): min(stress.max_units, len(t.work[k]))
+            for t in stress.targets for mode in stress.modes for k in range(len(t.scripts))
+            if min(stress.max_units, len(t.work[k]))}
+
+
+def references(stress: Stress, fresh: bool = False, longest: dict[tuple, int] | None = None) -> dict:
+    """(workload, mode, script) -> SessionRecord of each combination in `longest` (None: each that ran, up to its
+    longest prefix), run alone, sequentially (per workload on a new instance when `fresh`), on a leased stream;
+    {} when a thread hung (it may hold a lock a reference would wait for)."""
+    if longest is None:
+        longest = {}
+        for r in stress.sessions:
+            if r.spoken_units:
+                key = (r.workload, r.mode, r.script)
+                longest[key] = max(longest.get(key, 0), r.spoken_units)
     stress.deadline, stress.sampling = None, False
     out = {}
     if stress.hung:
