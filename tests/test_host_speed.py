@@ -26,10 +26,11 @@ OPTIONS = {"device": "cpu", "steps": None, "seconds": None, "max_speak_units": N
            "seed": None, "notes": []}
 
 
-def pair(i: int, probe: float | None, a_ms: float, b_ms: float, *, a_eager=0, b_eager=0, measured=True) -> Pair:
+def pair(i: int, probe: float | None, a_ms: float, b_ms: float, *, a_eager=0, b_eager=0, measured=True,
+         samples=24_000) -> Pair:
     probes = (None, None, None) if probe is None else (probe - 0.1, probe, probe + 0.1)   # mean: probe
     return Pair(i, "SPEAK", a_ms, b_ms, "ab" if i % 2 == 0 else "ba", i, True, ("h", "h"), ("h", "h"), measured,
-                *probes, a_eager=a_eager, b_eager=b_eager)
+                *probes, a_eager=a_eager, b_eager=b_eager, samples=samples)
 
 
 def process(seed: int, n: int, lo: float, hi: float, *, noise: float = 0.02, factor: float = 1.0) -> list[Pair]:
@@ -77,14 +78,15 @@ def test_a_slower_host_moves_the_median_ratio_but_not_the_ratio_at_the_reference
     assert fit_host_speed(slow, n_boot=200).speedup == pytest.approx(TRUE_RATIO, rel=0.03)
 
 
-def test_first_occurrences_unmeasured_pairs_and_pairs_without_probe_are_left_out():
+def test_first_occurrences_silent_units_unmeasured_pairs_and_pairs_without_probe_are_left_out():
     procs = run(7.0, 12.0)
     for k, proc in enumerate(procs):      # eager in both arms: a ratio of 1, which would pull the line down
         proc += [pair(100 + j, 9.0, 50.0, 50.0, a_eager=2, b_eager=2) for j in range(10)]
         proc += [pair(200, 9.0, 50.0, 50.0, b_eager=1), pair(201, 9.0, 50.0, 50.0, measured=False)]
         proc += [pair(300, None, 50.0, 50.0)]
+        proc += [pair(400 + j, 12.0, 0.4, 0.4, samples=0) for j in range(4)]   # no audio: ratio 1 at a slow host
     fit = fit_host_speed(procs, n_boot=200)
-    assert (fit.pairs, fit.first_occurrences, fit.no_probe) == (150, 33, 3)
+    assert (fit.pairs, fit.first_occurrences, fit.no_probe, fit.silent) == (150, 33, 3, 12)
     assert fit.speedup == pytest.approx(TRUE_RATIO, rel=0.02)
 
 

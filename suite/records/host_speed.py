@@ -4,8 +4,9 @@ Stock is launch-bound: per pair, its log time rises with the host probe's readin
 eager launch) while DuplexCadence's hardly moves, so the median ratio of a run carries the host speed that
 run happened to see. `fit_host_speed` fits log(a_ms / b_ms) = alpha + beta * (probe - reference) by least
 squares over the measured pairs in which neither arm ran a step eagerly (a first occurrence of a graph
-signature runs eagerly in both arms, a ratio near 1 that is no part of the steady state), with probe the mean
-of the pair's readings. exp(alpha) is the speedup at the reference host speed; its interval is a hierarchical
+signature runs eagerly in both arms, a ratio near 1 that is no part of the steady state) and that made audio (a
+SPEAK unit of 0 samples runs no decoder step in either arm: a host-only call of well under a millisecond), with
+probe the mean of the pair's readings. exp(alpha) is the speedup at the reference host speed; its interval is a hierarchical
 bootstrap as suite.records.paired.bootstrap_median's (processes with replacement, then pairs within each).
 The same fit of log a_ms and log b_ms alone shows which arm follows the host.
 
@@ -36,7 +37,8 @@ class HostSpeedFit:
     ci_low / ci_high: its interval; slope: beta, the change of log(a_ms / b_ms) per microsecond of probe;
     stock_slope / cadence_slope: the same fit of log a_ms and of log b_ms alone; pairs: the pairs used;
     processes: processes with pairs used; first_occurrences: measured pairs left out because an arm ran a step
-    eagerly (a_eager or b_eager > 0); no_probe: measured pairs left out for having no probe reading;
+    eagerly (a_eager or b_eager > 0); silent: measured pairs left out for making no audio (samples == 0);
+    no_probe: measured pairs left out for having no probe reading;
     probe_min / probe_max: the range of the used pairs' probes; flags: what makes the fit weak or absent.
     The fitted figures are None where there is no fit (no pairs used, or all their probes equal)."""
     reference_us: float
@@ -52,6 +54,7 @@ class HostSpeedFit:
     no_probe: int
     probe_min: float | None
     probe_max: float | None
+    silent: int = 0
     flags: list = field(default_factory=list)
     seed: int = 0
     n_boot: int = 2000
@@ -129,7 +132,7 @@ def bootstrap_intercept(groups: list[tuple[np.ndarray, np.ndarray]], *, rng: np.
 def fit_host_speed(processes, *, reference_us: float = PROBE_REFERENCE_US, seed: int = 0, n_boot: int = 2000,
                    min_processes: int = DEFAULT_MIN_PROCESSES, confidence: float = DEFAULT_CONFIDENCE) -> HostSpeedFit:
     """The HostSpeedFit of several processes' pairs (a list with one list of Pair per process). Uses the
-    measured pairs with a_eager == b_eager == 0 and at least one probe reading. seed: the bootstrap's
+    measured pairs with a_eager == b_eager == 0, samples > 0 and at least one probe reading. seed: the bootstrap's
     generator; n_boot: its resamples. Flags: fewer than `min_processes` processes or MIN_FIT_PAIRS pairs used,
     the reference outside the used pairs' probe range (an extrapolation), no fit. Raises ValueError naming
     the argument for no processes, a process that is not a list of pairs, a reference that is not a positive
@@ -148,7 +151,7 @@ def fit_host_speed(processes, *, reference_us: float = PROBE_REFERENCE_US, seed:
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
         raise ValueError(f"confidence: expected a number in (0, 1), got {confidence!r}")
     reference_us = float(reference_us)
-    groups, first, no_probe = [], 0, 0
+    groups, first, silent, no_probe = [], 0, 0, 0
     for proc in processes:
         rows = []
         for p in proc:
@@ -156,6 +159,8 @@ def fit_host_speed(processes, *, reference_us: float = PROBE_REFERENCE_US, seed:
                 continue
             if p.a_eager > 0 or p.b_eager > 0:
                 first += 1
+            elif p.samples == 0:
+                silent += 1
             elif not p.probes:
                 no_probe += 1
             else:
@@ -164,14 +169,14 @@ def fit_host_speed(processes, *, reference_us: float = PROBE_REFERENCE_US, seed:
     used = [g for g in groups if len(g)]
     data = np.concatenate(used) if used else np.zeros((0, 3))
     fit = HostSpeedFit(reference_us, None, None, None, None, None, None, pairs=len(data), processes=len(used),
-                       first_occurrences=first, no_probe=no_probe, probe_min=None, probe_max=None, seed=seed,
+                       first_occurrences=first, no_probe=no_probe, silent=silent, probe_min=None, probe_max=None, seed=seed,
                        n_boot=n_boot)
     if len(used) < min_processes:
         fit.flags.append(f"{len(used)} processes with steady pairs < {min_processes}")
     if len(data) < MIN_FIT_PAIRS:
         fit.flags.append(f"{len(data)} steady pairs < {MIN_FIT_PAIRS}")
     if len(data) == 0:
-        fit.flags.append("no fit: no measured pair without an eager step and with a probe reading")
+        fit.flags.append("no fit: no measured pair without an eager step, with audio and with a probe reading")
         return fit
     x, log_a, log_b = data[:, 0], data[:, 1], data[:, 2]
     fit.probe_min, fit.probe_max = float(x.min() + reference_us), float(x.max() + reference_us)
