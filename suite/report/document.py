@@ -102,7 +102,7 @@ def speed_section(data: dict, files: list[str], prefix: str) -> list[str]:
            "state where the launch probe shows two (pairs: count); the A/A run (two stock sessions, same "
            "protocol) is the noise floor. Older records: the median of timing rounds in one process, their "
            "min-max. At the reference host speed: the ratio where the line log(stock / DuplexCadence) against "
-           f"the probe reading crosses {PROBE_REFERENCE_US:.1f} us per launch, over the pairs without an eager step "
+           f"the probe reading crosses {PROBE_REFERENCE_US:.1f} us per launch, over the pairs with audio and no eager step "
            "(suite.records.host_speed), with each arm's slope of log time per us (stock, launch-bound, follows "
            "the host; DuplexCadence should not). Kernel launches per unit and tail / kernel-busy from the CUDA "
            "profiler on untimed units; eager first occurrences: DuplexCadence units whose signature had no graph "
