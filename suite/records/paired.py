@@ -7,8 +7,9 @@ stock against a second stock session (an A/A run, the noise floor). Each unit bo
 `summarise` pools the processes: the speedup is the median of the per-pair ratios a_ms / b_ms, its 95%
 interval a hierarchical bootstrap over processes and then pairs within each (processes differ by a few
 percent on a lent host, pairs within one process much less), per host state where the probe readings
-show two. `reproduces` is the bar a second run must meet; it reads summaries only, so the report judges
-two runs from their records alone.
+show two, and at a reference host speed (suite.records.host_speed). `reproduces` is the bar a second run
+must meet, `reproduces_at_reference` the same bar on the ratio at the reference host speed; both read
+summaries only, so the report judges two runs from their records alone.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable, Mapping
 
 import numpy as np
+
+from suite.records.host_speed import PROBE_REFERENCE_US, fit_host_speed
 
 MIN_PROCESSES = 3          # a run is at least three fresh processes (as pyperf runs its benchmarks)
 CONFIDENCE = 0.95          # the bootstrap interval's coverage
@@ -260,7 +263,9 @@ class Summary:
     whose bytes differ, listed in mismatches as (process, unit index); states: per host state ("fast",
     "slow") when the probe shows two (`split_states`), else empty; mixed_pairs: pairs whose readings fall
     in both states (in no state's figures); probe_split: the threshold; flags: what makes the run fall
-    short of the protocol (fewer than MIN_PROCESSES processes, no measured pairs, mismatched bytes)."""
+    short of the protocol (fewer than MIN_PROCESSES processes, no measured pairs, mismatched bytes);
+    host_speed: suite.records.host_speed.HostSpeedFit's dict, the ratio at the reference host speed (None in
+    records made before it)."""
     speedup: float | None
     ci_low: float | None
     ci_high: float | None
@@ -277,6 +282,7 @@ class Summary:
     flags: list = field(default_factory=list)
     seed: int = 0
     n_boot: int = 2000
+    host_speed: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -378,7 +384,9 @@ def summarise(processes: list[list[Pair]], *, seed: int = 0, n_boot: int = 2000)
                    b_ms_median=_median([p.b_ms for p in all_pairs]),
                    processes=used, pairs=int(pooled.size), process_medians=[_median(r) for r in ratios],
                    mismatched=len(mismatches), mismatches=mismatches, states=states, mixed_pairs=mixed,
-                   probe_split=threshold, flags=flags, seed=seed, n_boot=n_boot)
+                   probe_split=threshold, flags=flags, seed=seed, n_boot=n_boot,
+                   host_speed=fit_host_speed(processes, seed=seed, n_boot=n_boot, min_processes=MIN_PROCESSES,
+                                             confidence=CONFIDENCE).to_dict())
 
 
 # --- the floor and the reproducibility bar ------------------------------------------------------------
@@ -450,4 +458,35 @@ def reproduces(first: Mapping[str, Summary], second: Mapping[str, Summary]) -> V
             reasons.append(line + " (not judged: judged per host state)")
         else:
             check(*_inside(w, s1, s2))
+    return Verdict(ok=not failures and bool(reasons), reasons=reasons, failures=failures)
+
+
+def reproduces_at_reference(first: Mapping[str, Summary], second: Mapping[str, Summary]) -> Verdict:
+    """The reproducibility bar at the reference host speed: per workload, the second run's speedup at the
+    reference (its `host_speed`, suite.records.host_speed) lies inside the first run's interval there. A
+    workload in one run only, without a fit or an interval in either run, or in a run flagged by `summarise`
+    or by the fit (fewer processes or steady pairs, the reference outside the probe range), fails. Raises
+    TypeError unless both are mappings."""
+    for name, value in (("first", first), ("second", second)):
+        if not isinstance(value, Mapping):
+            raise TypeError(f"{name}: expected a mapping of workload name -> Summary, got {type(value).__name__}")
+    reasons, failures = [], []
+    for w in sorted(set(first) | set(second)):
+        if w not in second or w not in first:
+            bad = [f"{w}: not in the {'second' if w not in second else 'first'} run"]
+        else:
+            (h1, h2), bad = (first[w].host_speed or {}, second[w].host_speed or {}), []
+            for which, s, h in (("first", first[w], h1), ("second", second[w], h2)):
+                bad += [f"{w}: {which} run: {f}" for f in [*s.flags, *h.get("flags", ["no host-speed fit"])]]
+            if h1 and h2 and h1.get("reference_us") != h2.get("reference_us"):
+                bad.append(f"{w}: the runs' reference host speeds differ ({h1.get('reference_us')} and "
+                           f"{h2.get('reference_us')} us)")
+            if None not in (h1.get("ci_low"), h1.get("ci_high"), h2.get("speedup")):
+                inside = h1["ci_low"] <= h2["speedup"] <= h1["ci_high"]
+                reasons.append(f"{w}: at {h1['reference_us']:.1f} us per launch, second run {h2['speedup']:.2f}x "
+                               f"{'inside' if inside else 'outside'} the first's "
+                               f"[{h1['ci_low']:.2f}-{h1['ci_high']:.2f}]")
+                bad = bad if inside else [reasons.pop(), *bad]
+        reasons += bad
+        failures += bad
     return Verdict(ok=not failures and bool(reasons), reasons=reasons, failures=failures)

@@ -1,6 +1,6 @@
 """The one REPORT.md of a staged reproduction, and its claims.json: first the verdict table (one row per claim
 and workload: suite.report.claims), then a section per claim with its plot and its figures, the run against
-reference runs (`--compare`: the reproducibility bar), the stages and provenance as compact lists. `write`
+reference runs (`--compare`: the reproducibility bars), the stages and provenance as compact lists. `write`
 runs after every stage (and from `python -m suite.report`), so an unfinished run has a report of what is
 done; `publish` puts a run's report and claims at results/REPORT.md and results/CLAIMS.json.
 """
@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from suite.records import HARNESSES, device_type, registered, unselected
+from suite.records.host_speed import PROBE_REFERENCE_US
 from suite.report import dropins, floor
 from suite.report.claims import VERDICTS, claim_rows, limit_text, ordered, ratio_bounds, ratio_text
 from suite.report.figures import (duplex_figures, gpu_name, load, load_reference, memory_figures, resolve_reference,
@@ -89,7 +90,8 @@ def speed_section(data: dict, files: list[str], prefix: str) -> list[str]:
         states = "; ".join(f"{k} {interval(x, lo, hi)} ({n})" for k, (x, lo, hi, n) in sp["states"].items()) or DASH
         launches = " -> ".join(fmt(v, ".0f") for v in sp["kernel_launches"])
         rows.append([w, interval(sp["x"], sp["lo"], sp["hi"]) + ("" if sp["protocol"] == "paired" else " (older)"),
-                     sp["band"], states, DASH if sp["floor"] is None else interval(*sp["floor"], spec=".3f"),
+                     sp["band"], states, at_reference(sp["host_speed"]),
+                     DASH if sp["floor"] is None else interval(*sp["floor"], spec=".3f"),
                      f"{fmt(sp['stock_ms'])} / {fmt(sp['cadence_ms'])}", launches,
                      fmt(mc.get("tail_over_kernel_busy_x"), ".2f"), fmt(mc.get("eager_first_occurrences")),
                      timed_note(e, "verify", "").strip() or "alone"])
@@ -99,14 +101,27 @@ def speed_section(data: dict, files: list[str], prefix: str) -> list[str]:
            "ratios stock / DuplexCadence, its 95% interval a bootstrap over processes and then pairs; per host "
            "state where the launch probe shows two (pairs: count); the A/A run (two stock sessions, same "
            "protocol) is the noise floor. Older records: the median of timing rounds in one process, their "
-           "min-max. Kernel launches per unit and tail / kernel-busy from the CUDA profiler on untimed units; "
-           "eager first occurrences: DuplexCadence units whose signature had no graph yet (run eagerly, counted, "
-           "captured right after).", ""]
+           "min-max. At the reference host speed: the ratio where the line log(stock / DuplexCadence) against "
+           f"the probe reading crosses {PROBE_REFERENCE_US:.1f} us per launch, over the pairs with audio and no eager step "
+           "(suite.records.host_speed), with each arm's slope of log time per us (stock, launch-bound, follows "
+           "the host; DuplexCadence should not). Kernel launches per unit and tail / kernel-busy from the CUDA "
+           "profiler on untimed units; eager first occurrences: DuplexCadence units whose signature had no graph "
+           "yet (run eagerly, counted, captured right after).", ""]
     out += [f"![speed]({prefix}{f})" for f in files] + ([""] if files else [])
-    out += [table(rows, ["workload", "ours", "interval", "per host state", "A/A floor", "stock / cadence ms p50",
+    out += [table(rows, ["workload", "ours", "interval", "per host state",
+                         f"at {PROBE_REFERENCE_US:.1f} us per launch; slope per us, stock / cadence", "A/A floor",
+                         "stock / cadence ms p50",
                          "kernel launches / unit, stock -> cadence", "cadence / kernel-busy", "eager first occurrences",
                          "timed"]) if rows else "No verify record with both modes measured.", ""]
     return out + ([TIMED_NOTE, ""] if timed else [])
+
+
+def at_reference(fit: dict | None) -> str:
+    """A speed row's cell for the fit at the reference host speed: ratio [interval]; the arms' slopes; its flags."""
+    if not fit or fit.get("speedup") is None:
+        return DASH if not fit else "no fit: " + "; ".join(fit.get("flags") or [])
+    return (interval(fit["speedup"], fit["ci_low"], fit["ci_high"]) + f"; {fit['stock_slope']:+.3f} / "
+            f"{fit['cadence_slope']:+.3f}" + "".join(f"; {f}" for f in fit.get("flags") or []))
 
 
 def memory_section(data: dict, files: list[str], prefix: str) -> list[str]:

@@ -16,6 +16,8 @@ from suite.records import (DUPLEX_READ_SCHEMAS, DUPLEX_STAGES, family, headline,
                            max_zero_miss, overlapping, read_dropins, read_json, read_stages, record_reasons,
                            unpack_units, UNSEEN_TRAFFIC, verify_protocol)
 from suite.records.floor import read_floors
+from suite.records.host_speed import fit_host_speed
+from suite.records.paired import MIN_PROCESSES, CONFIDENCE, Pair, Summary, unpack_pairs
 
 PER_MODE = "one process per mode"
 BOTH_MODES = "one process, both modes (verify)"
@@ -311,11 +313,30 @@ def profiled_before_rounds(record: dict | None) -> bool:
     return any(u.get("kernels") for m in (record.get("modes") or {}).values() for u in m.get("units", []))
 
 
+def paired_summary(record: dict) -> Summary:
+    """A paired verify record's Summary (`paired.speedup`). A record made before the fit at the reference host
+    speed has no `host_speed`: it is fitted here from the record's A/B pairs (`paired.pairs`), with the
+    summary's seed and resamples, as `summarise` fits it now. Raises ValueError for a pairs table not shaped as
+    pack_pairs writes it."""
+    paired = record["paired"]
+    summary = Summary.from_dict(paired["speedup"])
+    if summary.host_speed is None and paired.get("pairs"):
+        procs: dict = {}
+        for row in unpack_pairs(paired["pairs"]):
+            if row.get("run", "ab") == "ab":
+                procs.setdefault(row.get("process"), []).append(Pair.from_dict(row))
+        if procs:
+            summary.host_speed = fit_host_speed(list(procs.values()), seed=summary.seed, n_boot=summary.n_boot,
+                                                min_processes=MIN_PROCESSES, confidence=CONFIDENCE).to_dict()
+    return summary
+
+
 def speedup(record: dict | None) -> dict | None:
     """A verify record's speedup, None without both modes measured:
     {x, lo, hi, protocol, band, stock_ms, cadence_ms, units, floor, clears_floor, states, processes}.
     protocol "paired" (suite.records.paired: x the median paired ratio, [lo, hi] its 95% interval, floor
-    the A/A run's (x, lo, hi) or None, states {name: (x, lo, hi, pairs)}); "rounds" (older records: the
+    the A/A run's (x, lo, hi) or None, states {name: (x, lo, hi, pairs)}, host_speed the fit at the reference
+    host speed (suite.records.host_speed, as a dict; `paired_summary`) or None); "rounds" (older records: the
     median of the timing rounds, [lo, hi] their min-max; no floor); "units" (one round: [stock p10 / cadence
     p90, stock p90 / cadence p10]). stock_ms, cadence_ms: the p50 tail times (pooled, or round 1's)."""
     if verify_protocol(record) == "paired":
@@ -332,13 +353,14 @@ def speedup(record: dict | None) -> dict | None:
                 "clears_floor": paired.get("clears_floor"),
                 "states": {k: (v["speedup"], v["ci_low"], v["ci_high"], v["pairs"])
                            for k, v in (sp.get("states") or {}).items() if v.get("speedup") is not None},
+                "host_speed": paired_summary(record).host_speed,
                 "kernel_launches": tuple(ms[m].get("kernel_launches_per_unit_p50") for m in ("stock", "cadence"))}
     s, c = spread(measured_tails(record, "stock")), spread(measured_tails(record, "cadence"))
     if s is None or c is None:
         return None
     out = {"x": s[1] / c[1], "lo": s[0] / c[2], "hi": s[2] / c[0], "protocol": "units", "band": "unit band",
            "stock_ms": s[1], "cadence_ms": c[1], "units": int(measured_tails(record, "cadence").size),
-           "processes": 1, "flags": [], "floor": None, "clears_floor": None, "states": {},
+           "processes": 1, "flags": [], "floor": None, "clears_floor": None, "states": {}, "host_speed": None,
            "kernel_launches": tuple(record["modes"][m]["metrics"].get("kernel_launches_per_unit_p50")
                                     for m in ("stock", "cadence"))}
     rounds = timing_rounds(record)

@@ -1,4 +1,4 @@
-"""The parts of a staged run's REPORT.md about the run itself: the reproducibility bar against reference
+"""The parts of a staged run's REPORT.md about the run itself: the reproducibility bars against reference
 runs, the latest GPU verification, the stages (where each ran) and provenance, as compact lists. A reference
 measured on another GPU type is never compared with ours."""
 from __future__ import annotations
@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 from suite.records import HARNESSES, git, read_json, verify_protocol
-from suite.records.paired import MIN_STATE_PAIRS, Summary, reproduces
+from suite.records.host_speed import PROBE_REFERENCE_US
+from suite.records.paired import MIN_STATE_PAIRS, Summary, reproduces, reproduces_at_reference
 from suite.report.claims import ordered
-from suite.report.figures import beside, gpu_name, speedup
+from suite.report.figures import beside, gpu_name, paired_summary, speedup
 from suite.report.text import DASH, fmt, interval
 
 
@@ -23,6 +24,25 @@ def bar(ours: dict | None, ref: dict | None, name: str) -> tuple[str, list[str]]
     """The reproducibility bar for one workload, this run (second) against a reference (first): (verdict,
     reasons). "met" / "not met" by suite.records.paired.reproduces on the two paired summaries; "open" where
     either record is of the older protocol, either lacks the workload, or they ran on different GPU types."""
+    unjudged = not_judged(ours, ref, name)
+    if unjudged:
+        return unjudged
+    v = reproduces({name: Summary.from_dict(ref["paired"]["speedup"])}, {name: Summary.from_dict(ours["paired"]["speedup"])})
+    return ("met" if v.ok else "not met"), v.reasons + [arms(ours, ref)]
+
+
+def bar_at_reference(ours: dict | None, ref: dict | None, name: str) -> tuple[str, list[str]]:
+    """The bar at the reference host speed for one workload, as `bar` but by
+    suite.records.paired.reproduces_at_reference (each record's fit, `paired_summary`)."""
+    unjudged = not_judged(ours, ref, name)
+    if unjudged:
+        return unjudged
+    v = reproduces_at_reference({name: paired_summary(ref)}, {name: paired_summary(ours)})
+    return ("met" if v.ok else "not met"), v.reasons
+
+
+def not_judged(ours: dict | None, ref: dict | None, name: str) -> tuple[str, list[str]] | None:
+    """("open", reasons) where the two records cannot be judged by a bar (module docstring, `bar`), else None."""
     if not ours or not ref:
         return "open", [f"{name}: not in {'this run' if not ours else 'the reference'}"]
     if gpu_name(ours) != gpu_name(ref):
@@ -34,8 +54,7 @@ def bar(ours: dict | None, ref: dict | None, name: str) -> tuple[str, list[str]]
         seen = "" if not (a and b) else (f" (ours {interval(a['x'], a['lo'], a['hi'])}, the reference's "
                                          f"{interval(b['x'], b['lo'], b['hi'])}, {b['band']})")
         return "open", [f"{name}: not judged: {' and '.join(older)} of the older protocol (no paired interval){seen}"]
-    v = reproduces({name: Summary.from_dict(ref["paired"]["speedup"])}, {name: Summary.from_dict(ours["paired"]["speedup"])})
-    return ("met" if v.ok else "not met"), v.reasons + [arms(ours, ref)]
+    return None
 
 
 def arms(ours: dict, ref: dict) -> str:
@@ -55,11 +74,15 @@ def arms(ours: dict, ref: dict) -> str:
 
 
 def compare_lines(data: dict, refs: dict) -> list[str]:
-    """The "Against the reference run" section's lines: per reference, per workload of this run, the bar's
-    verdict with its reasons."""
-    lines = [f"The bar: per workload, this run's median paired ratio lies inside the reference's 95% interval; "
-             f"where both runs saw the same host state (at least {MIN_STATE_PAIRS} pairs each), per state, for "
-             f"every such state (suite.records.paired.reproduces). Older records (timing rounds) are not judged.", ""]
+    """The "Against the reference run" section's lines: per reference, per workload of this run, both bars'
+    verdicts with their reasons (`bar`, `bar_at_reference`)."""
+    lines = [f"Second-run bar (pooled / per host state): per workload, this run's median paired ratio lies inside "
+             f"the reference's 95% interval; where both runs saw the same host state (at least {MIN_STATE_PAIRS} "
+             f"pairs each), per state, for every such state (suite.records.paired.reproduces). Second-run bar at "
+             f"the reference host speed ({PROBE_REFERENCE_US:.1f} us per launch, steady pairs): this run's ratio "
+             f"there, from the line log(stock / DuplexCadence) against the probe, lies inside the reference's "
+             f"interval (suite.records.paired.reproduces_at_reference). Older records (timing rounds) are not "
+             f"judged.", ""]
     by_ref: dict[str, dict] = {}
     for w, pairs in ref_list(refs).items():
         for label, rec in pairs:
@@ -67,19 +90,27 @@ def compare_lines(data: dict, refs: dict) -> list[str]:
     if not by_ref:
         return lines + ["No workload of this run is in the reference run(s)."]
     for label, recs in by_ref.items():
-        verdicts = {}
+        verdicts, at_ref = {}, {}
         for w, e in ordered(data):
             if "verify" in e:
                 verdicts[w] = bar((e.get("verify") or {}).get("record"), recs.get(w), w)
-        total = ("met" if verdicts and all(v == "met" for v, _ in verdicts.values()) else
-                 "not met" if any(v == "not met" for v, _ in verdicts.values()) else "open")
-        lines += [f"Against `{label}`: **{total}**", ""]
-        lines += [f"- {w}: **{v}**: " + "; ".join(reasons) for w, (v, reasons) in verdicts.items()]
+                at_ref[w] = bar_at_reference((e.get("verify") or {}).get("record"), recs.get(w), w)
+        lines += [f"Against `{label}`: **{overall(verdicts)}** (pooled / per host state); at the reference host speed: "
+                  f"**{overall(at_ref)}**", ""]
+        for w, (v, reasons) in verdicts.items():
+            lines += [f"- {w}: **{v}**: " + "; ".join(reasons),
+                      f"  - at the reference host speed: **{at_ref[w][0]}**: " + "; ".join(at_ref[w][1])]
         lines += ["", f"Bytes against `{label}` (each unit's sha256 in both runs, same seeds):", ""]
         lines += [f"- {w}: " + same_bytes((e.get("verify") or {}).get("record"), recs.get(w))
                   for w, e in ordered(data) if "verify" in e]
         lines.append("")
     return lines
+
+
+def overall(verdicts: dict) -> str:
+    """One verdict for a bar over the workloads: met only if every one is met."""
+    return ("met" if verdicts and all(v == "met" for v, _ in verdicts.values()) else
+            "not met" if any(v == "not met" for v, _ in verdicts.values()) else "open")
 
 
 def unit_hashes(rec: dict | None) -> dict[str, dict[int, tuple]]:

@@ -109,6 +109,12 @@ def paired_summary(record: dict) -> list[str]:
     lines += [f"- {name} host ({fmt(st.get('probe_median'), '.2f')} us per launch): "
               f"{interval(st['speedup'], st['ci_low'], st['ci_high'], '.3f')}, {st['pairs']} pairs"
               for name, st in (sp.get("states") or {}).items()]
+    hs = sp.get("host_speed")
+    if hs and hs.get("speedup") is not None:
+        lines.append(f"- at the reference host speed ({hs['reference_us']:.1f} us per launch; {hs['pairs']} pairs "
+                     f"without an eager step): {interval(hs['speedup'], hs['ci_low'], hs['ci_high'], '.3f')}; slope of "
+                     f"log time per us: stock {hs['stock_slope']:+.3f}, cadence {hs['cadence_slope']:+.3f}"
+                     + "".join(f"; {f}" for f in hs.get("flags") or []))
     if fl.get("speedup") is not None:
         lines.append(f"- A/A floor (stock / stock): {interval(fl['speedup'], fl['ci_low'], fl['ci_high'], '.3f')}, "
                      f"{fl['pairs']} pairs; the speedup {'clears' if paired.get('clears_floor') else 'does not clear'} it")
