@@ -28,8 +28,8 @@ Reference: after the stress, each (workload, mode, script) that ran is run alone
 process, up to the longest prefix any of its sessions spoke, on the same instance (--reference shared) or
 on one built the same way (fresh); with --reference shared-first, every combination a thread can draw is run
 alone to --max-units before the warm-up instead, so that a run cut after its threads still compares its units
-(the record written when the threads are done then holds the comparison); every unit's sha256 (float32 waveform, int16 PCM) must equal its
-session's. The threads and sessions: suite.measure.stress_session; memory: suite.measure.trend (a sample
+(the record written when the threads are done then holds the comparison). Every unit's sha256 (float32
+waveform, int16 PCM) must equal its session's. The threads and sessions: suite.measure.stress_session; memory: suite.measure.trend (a sample
 after every close, and the flatness rule). DIR/stress.json (schema STRESS_SCHEMA) is written when the
 threads are done (verdict PARTIAL) and again at the end, with the references' wall seconds (a run that must
 fit a time limit leaves them that: they grow with the (workload, mode, script) combinations that ran); a

@@ -6,8 +6,8 @@ run happened to see. `fit_host_speed` fits log(a_ms / b_ms) = alpha + beta * (pr
 squares over the measured pairs in which neither arm ran a step eagerly (a first occurrence of a graph
 signature runs eagerly in both arms, a ratio near 1 that is no part of the steady state) and that made audio (a
 SPEAK unit of 0 samples runs no decoder step in either arm: a host-only call of well under a millisecond), with
-probe the mean of the pair's readings. exp(alpha) is the speedup at the reference host speed; its interval is a hierarchical
-bootstrap as suite.records.paired.bootstrap_median's (processes with replacement, then pairs within each).
+probe the mean of the pair's readings. exp(alpha) is the speedup at the reference host speed; its interval is a
+hierarchical bootstrap as suite.records.paired.bootstrap_median's (processes with replacement, then pairs within each).
 The same fit of log a_ms and log b_ms alone shows which arm follows the host.
 
 This module takes the pairs (suite.records.paired.Pair) as given and imports nothing of the suite.
@@ -169,8 +169,8 @@ def fit_host_speed(processes, *, reference_us: float = PROBE_REFERENCE_US, seed:
     used = [g for g in groups if len(g)]
     data = np.concatenate(used) if used else np.zeros((0, 3))
     fit = HostSpeedFit(reference_us, None, None, None, None, None, None, pairs=len(data), processes=len(used),
-                       first_occurrences=first, no_probe=no_probe, silent=silent, probe_min=None, probe_max=None, seed=seed,
-                       n_boot=n_boot)
+                       first_occurrences=first, no_probe=no_probe, silent=silent, probe_min=None, probe_max=None,
+                       seed=seed, n_boot=n_boot)
     if len(used) < min_processes:
         fit.flags.append(f"{len(used)} processes with steady pairs < {min_processes}")
     if len(data) < MIN_FIT_PAIRS:
