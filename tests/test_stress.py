@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import types
 from pathlib import Path
 
@@ -127,8 +128,12 @@ class LeaksOnClose(fakes.FakeSession):
 
     def close(self):
         if not self.closed:
-            KEPT.append(np.ones(2**20, dtype=np.float32))
+            KEPT.append(np.ones(2**20, dtype=np.float32))   # LEAK_LINE
         super().close()
+
+
+LEAK_LINE = next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+                 if line.rstrip().endswith("# LEAK_LINE") and "KEPT.append" in line)
 
 
 class FakeGraph:
@@ -376,7 +381,8 @@ def test_cli_writes_the_record_and_exits_non_zero_on_a_difference(tmp_path, monk
     (["--workloads", "nope"], "--workloads"), (["--modes", "stock,graphs"], "--modes"),
     (["--threads", "0"], "--threads"), (["--seconds", "inf"], "--seconds"), (["--window", "4"], "--window"),
     (["--device", "tpu"], "--device"), (["--quiesce-every", "-1"], "--quiesce-every"),
-    (["--max-units", "0"], "--max-units")])
+    (["--max-units", "0"], "--max-units"), (["--trace-python", "3"], "--trace-python"),
+    (["--trace-python", "-2", "--quiesce-every", "4"], "--trace-python"), (["--reference", "first"], "--reference")])
 def test_bad_arguments_exit_2_naming_the_flag(tmp_path, capsys, argv, flag):
     with pytest.raises(SystemExit) as exc:
         stress.main([*argv, "--out", str(tmp_path / "x")])
@@ -496,3 +502,27 @@ def test_each_quiescent_sample_is_printed_as_it_is_taken(monkeypatch, capsys):
     closes = rec["memory"]["quiescent"]["closes"]
     assert len(lines) == len(closes) >= 2, (lines, closes)
     assert all(f"quiet sample: {c} closes, 0 open, rss_mib 3000.0" in line for c, line in zip(closes, lines)), lines
+
+
+def test_traced_python_sites_name_the_line_that_keeps_memory_at_each_close():
+    KEPT.clear()
+    rec = quick([fake_target("leaks", adapter=adapter_of(LeaksOnClose))], seconds=1.2, quiesce_every=3,
+                window=24, threads=4, trace_python=5)
+    closes = rec["memory"]["quiescent"]["closes"]
+    KEPT.clear()
+    sites = rec["memory"]["python_sites"]
+    assert sites["to_closes"] == closes[-1] and closes[-1] - 24 <= sites["from_closes"] < closes[-1], (sites, closes)
+    top = sites["top"][0]
+    kept = sites["to_closes"] - sites["from_closes"]                  # closes between the two tables, 4 MiB each
+    assert top["site"].endswith(f"<- tests/test_stress.py:{LEAK_LINE}"), sites["top"]           # np.ones inside numpy
+    assert top["kib"] == pytest.approx(kept * 4096, rel=0.05) and top["blocks"] >= kept, top
+    traced = rec["memory"]["quiescent"]["host"]["python_traced_mib"]
+    assert traced[-1] - traced[0] >= 4 * (closes[-1] - closes[0]) * 0.95, traced
+    assert not tracemalloc.is_tracing()
+
+
+def test_trace_python_needs_quiescent_samples():
+    with pytest.raises(ValueError, match="trace_python"):
+        quick([fake_target("plain")], trace_python=3)
+    with pytest.raises(ValueError, match="trace_python"):
+        quick([fake_target("plain")], trace_python=-1, quiesce_every=2)

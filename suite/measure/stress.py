@@ -29,8 +29,8 @@ process, up to the longest prefix any of its sessions spoke, on the same instanc
 on one built the same way (fresh); with --reference shared-first, every combination a thread can draw is run
 alone to --max-units before the warm-up instead, so that a run cut after its threads still compares its units
 (the record written when the threads are done then holds the comparison). Every unit's sha256 (float32
-waveform, int16 PCM) must equal its session's. The threads and sessions: suite.measure.stress_session; memory: suite.measure.trend (a sample
-after every close, and the flatness rule). DIR/stress.json (schema STRESS_SCHEMA) is written when the
+waveform, int16 PCM) must equal its session's. The threads and sessions: suite.measure.stress_session; memory:
+suite.measure.trend (a sample after every close, and the flatness rule). DIR/stress.json (schema STRESS_SCHEMA) is written when the
 threads are done (verdict PARTIAL) and again at the end, with the references' wall seconds (a run that must
 fit a time limit leaves them that: they grow with the (workload, mode, script) combinations that ran); a
 short table is printed last. Exit status 0 only
@@ -49,7 +49,9 @@ summary.parked_s says how many thread-seconds the drains cost. Each quiescent sa
 and torch's pinned host blocks (memory.host_heap_mib), fitted the same way into memory.host_flatness and the
 table's "(not judged)" rows: whether an RSS that rises is memory still in use or memory malloc keeps; and the
 entries of the libraries' per-shape caches (memory.library_caches: torch's cuFFT plans), which hold host memory
-for every new shape met until they fill.
+for every new shape met until they fill. With --trace-python N, Python's own allocations are traced while the
+threads run (slower) and the N lines whose bytes grew most over the judged window are recorded
+(memory.python_sites, trend.PythonSites), each quiescent sample's traced MiB among the host rows.
 """
 from __future__ import annotations
 
@@ -103,24 +105,33 @@ def build_targets(names, device, *, depth="released", steps=None, prompt_seconds
 # --- the run --------------------------------------------------------------------------------------------
 def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_units=12, device="cpu",
                window=trend.WINDOW, reference="shared", progress=True, hang_s=HANG_S, on_stress=None,
-               memory_sites: bool = False, quiesce_every: int = 0, warm_up: bool = True) -> dict:
+               memory_sites: bool = False, quiesce_every: int = 0, warm_up: bool = True,
+               trace_python: int = 0) -> dict:
     """The stress on built `targets` and its record (without provenance): parameters, summary, per-kind rows,
     sessions, differences, exceptions, references, memory (samples, flatness, start / end, and the residue once
     everything closed: suite.measure.memory.residue, with allocation sites when `memory_sites` recorded them),
     checks, reasons. on_stress(record): called once the threads are done, before the references run, with the
     record so far (no unit compared yet). quiesce_every: closes between quiescent samples, 0 for none (module
-    docstring). warm_up: Stress.warm_up before the threads start (CUDA with "cadence" only). Raises ValueError
-    for an unknown mode or reference, or a quiesce_every that is no int >= 0."""
+    docstring). warm_up: Stress.warm_up before the threads start (CUDA with "cadence" only). trace_python: with
+    quiescent samples, trace Python's allocations from the threads' start to their end and record the lines
+    whose bytes grew most over the judged window (trend.PythonSites; memory.python_sites, this many lines; 0:
+    off). Raises ValueError for an unknown mode or reference, or a quiesce_every that is no int >= 0, or a
+    trace_python that is no int >= 0 or is set without quiescent samples."""
+    if isinstance(trace_python, bool) or not isinstance(trace_python, int) or trace_python < 0 \
+            or (trace_python and not quiesce_every):
+        raise ValueError(f"trace_python: expected an int >= 0 (0: off), and quiesce_every > 0 with it; got "
+                         f"{trace_python!r} with quiesce_every {quiesce_every!r}")
     if any(m not in MODES for m in modes) or reference not in REFERENCES:
         raise ValueError(f"modes: expected a subset of {MODES}, reference one of {REFERENCES}; got {modes}, "
                          f"{reference!r}")
     with memory.allocation_history(torch.device(device), enabled=memory_sites) as history:
         return _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress,
-                           hang_s, on_stress, history if memory_sites else None, quiesce_every, warm_up)
+                           hang_s, on_stress, history if memory_sites else None, quiesce_every, warm_up,
+                           trace_python)
 
 
 def _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress, hang_s,
-                on_stress, history, quiesce_every, warm_up) -> dict:
+                on_stress, history, quiesce_every, warm_up, trace_python) -> dict:
     stress = Stress(targets, modes, threads=threads, seconds=seconds, seed=seed, max_units=max_units,
                     device=device, progress=progress, hang_s=hang_s, quiesce_every=quiesce_every)
     facts, refs = {}, None
@@ -131,7 +142,14 @@ def _stress_run(targets, modes, threads, seconds, seed, max_units, device, windo
     if progress and facts["warm_up"]:
         print(f"  warm-up: {facts['warm_up']}", flush=True)
     before = len(stress.exceptions)
-    facts.update(start=stress.sampler.now(), wall_s=stress.run())
+    sites = stress.sampler.python_sites = trend.PythonSites(trace_python) if trace_python else None
+    if sites is not None:
+        sites.start()
+    try:
+        facts.update(start=stress.sampler.now(), wall_s=stress.run())
+    finally:
+        if sites is not None:
+            sites.stop()
     if stress.device.type == "cuda":
         gate.synchronize(stress.device)
     facts.update(end=stress.sampler.now(), in_stress=len(stress.exceptions) - before,
@@ -139,7 +157,7 @@ def _stress_run(targets, modes, threads, seconds, seed, max_units, device, windo
                          "cuda_graphs_alive_after": alive(torch.cuda.CUDAGraph), "vmm_mapped_mib_after": vmm_mapped_mib()})
     params = {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads, "seconds": seconds,
               "seed": seed, "max_units": max_units, "window": window, "quiesce_every": quiesce_every,
-              "warm_up": warm_up,
+              "warm_up": warm_up, "trace_python": trace_python,
               "hang_s": hang_s, "reference": reference,
               "device": str(device), "specs": {t.name: t.spec for t in targets},
               "scripts": {t.name: [str(s.path) for s in t.scripts] for t in targets}}
@@ -236,6 +254,8 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict, finished
                        "before_warm_up": facts.get("before_warm_up"), "warm_up": facts.get("warm_up"),
                        "start": facts["start"], "end": facts["end"], "residue": facts.get("residue"),
                        "flatness": flat, "samples": series,
+                       "python_sites": (stress.sampler.python_sites.growth(params["window"])
+                                        if stress.sampler.python_sites is not None else None),
                        **({"quiescent": quiet, "flatness_every_close": per_close,
                            "host_flatness": trend.judge_quiet(quiet, params["window"], part="host")}
                           if quiet is not None else {})},
@@ -296,7 +316,8 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
                                   seed=args.seed, max_units=args.max_units, device=device, window=args.window,
                                   reference=args.reference, progress=args.progress, hang_s=args.hang_s,
                                   on_stress=write, memory_sites=args.memory_sites,
-                                  quiesce_every=args.quiesce_every, warm_up=args.warm_up))
+                                  quiesce_every=args.quiesce_every, warm_up=args.warm_up,
+                                  trace_python=args.trace_python))
     if args.progress:
         print(f"wrote {out / 'stress.json'}")
     print(table(record), flush=True)
@@ -357,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                    help="skip the warm-up (threads DuplexCadence sessions of each workload open at once, then "
                         "closed) that sets the driver's graph-executable high-water before the threads start")
+    p.add_argument("--trace-python", type=_at_least(int, 0), default=0, metavar="N",
+                   help="with --quiesce-every: trace Python's allocations while the threads run (slower) and "
+                        "record the N source lines whose bytes grew most over the judged window (0: off)")
     p.add_argument("--quiet", dest="progress", action="store_false")
     return p
 
@@ -368,6 +392,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--workloads: expected distinct names of {workloads.names()}, got {args.workloads}")
     if not args.modes or any(m not in MODES for m in args.modes) or len(set(args.modes)) != len(args.modes):
         parser.error(f"--modes: expected distinct modes of {list(MODES)}, got {args.modes}")
+    if args.trace_python and not args.quiesce_every:
+        parser.error(f"--trace-python: needs --quiesce-every K > 0 (the lines are read at quiescent samples), got "
+                     f"--trace-python {args.trace_python} with --quiesce-every {args.quiesce_every}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         parser.error(f"--out: expected a folder (new or existing), got the file {args.out!r}")
     try:

@@ -187,9 +187,9 @@ class Stress:
                 row = self.sampler.quiet[-1]
                 mib = ", ".join(f"{k} {row[k]:.1f}" for k in ("rss_mib", "alloc_mib", "reserved_mib",
                                                                "driver_used_mib") if row.get(k) is not None)
-                heap = (row.get("host") or {}).get("heap_in_use_mib")
-                print(f"  quiet sample: {closes} closes, {open_now} open, {mib}"
-                      + (f", heap_in_use_mib {heap:.1f}" if heap is not None else ""), flush=True)
+                host = row.get("host") or {}
+                print(f"  quiet sample: {closes} closes, {open_now} open, {mib}" + "".join(
+                    f", {k} {host[k]:.1f}" for k in ("heap_in_use_mib", "python_traced_mib") if k in host), flush=True)
         self.draining = False
         self.drain.notify_all()
 

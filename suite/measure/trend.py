@@ -32,7 +32,10 @@ that rises while the heap in use stays flat is the allocator keeping memory, one
 """
 from __future__ import annotations
 
+import collections
+import os
 import threading
+import tracemalloc
 
 import numpy as np
 import torch
@@ -61,6 +64,78 @@ QUIET_RULE = (f"flat: over the samples taken with no session open in the last {W
 HOST_LEVEL_FLOOR_MIB = 1.0
 
 
+#: Site tables PythonSites keeps: the fewest quiescent samples the quiet rule judges, and one before them.
+SITES_KEPT = 2 * QUARTERS + 1
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout
+TRACE_FRAMES = 8           # Python frames kept per traced allocation: enough to reach this checkout's caller
+
+
+def _site(traceback) -> str:
+    """An allocation's line, innermost first ("file:line"); where that is outside this checkout (a library's
+    own line), followed by "<- " and the innermost line inside it that led there, if any."""
+    def own(frame) -> bool:                       # this checkout's code, not a package installed inside it
+        return frame.filename.startswith(ROOT) and "-packages" + os.sep not in frame.filename
+
+    def name(frame) -> str:
+        path = os.path.relpath(frame.filename, ROOT) if own(frame) else os.sep.join(frame.filename.split(os.sep)[-3:])
+        return f"{path}:{frame.lineno}"
+    frames = list(reversed(traceback))            # tracemalloc orders a traceback oldest first
+    inner = frames[0]
+    if own(inner):
+        return name(inner)
+    caller = next((f for f in frames if own(f)), None)
+    return name(inner) + (f" <- {name(caller)}" if caller is not None else "")
+
+
+class PythonSites:
+    """Python's own allocations by source line (tracemalloc, `_site`), one table per quiescent sample, the last
+    SITES_KEPT kept: which lines hold the Python heap that grows between samples. Objects allocated before
+    `start()` are not traced; native allocations (torch's host tensors, the CUDA driver) are not Python's and
+    are not seen. Tracing slows every Python allocation, so the run it watches is slower."""
+
+    def __init__(self, top: int):
+        if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+            raise ValueError(f"top: expected an int >= 1 (sites to report), got {top!r}")
+        self.top = top
+        self.tables: collections.deque = collections.deque(maxlen=SITES_KEPT)
+
+    @staticmethod
+    def start() -> None:
+        tracemalloc.start(TRACE_FRAMES)
+
+    @staticmethod
+    def stop() -> None:
+        tracemalloc.stop()
+
+    def take(self, closes: int) -> float | None:
+        """Record this sample's table; returns the traced MiB now (None when tracing is off)."""
+        if not tracemalloc.is_tracing():
+            return None
+        sites: dict[str, tuple[int, int]] = {}
+        for s in tracemalloc.take_snapshot().statistics("traceback"):
+            size, n = sites.get(key := _site(s.traceback), (0, 0))
+            sites[key] = (size + s.size, n + s.count)
+        traced = tracemalloc.get_traced_memory()[0] / MIB
+        self.tables.append((int(closes), traced, sites))
+        return traced
+
+    def growth(self, window: int) -> dict | None:
+        """The `top` lines whose traced bytes grew most from the oldest kept table within `window` closes of the
+        last one (the oldest kept where none is) to the last: {"from_closes", "to_closes", "traced_mib": [from,
+        to], "top": [{"site", "kib", "blocks"}]}; None with fewer than two tables."""
+        if len(self.tables) < 2:
+            return None
+        last_closes, last_mib, last = self.tables[-1]
+        first_closes, first_mib, first = next((t for t in list(self.tables)[:-1] if t[0] >= last_closes - window),
+                                              self.tables[0])
+        rows = sorted(((site, size - first.get(site, (0, 0))[0], n - first.get(site, (0, 0))[1])
+                       for site, (size, n) in last.items()), key=lambda r: -r[1])[:self.top]
+        return {"from_closes": first_closes, "to_closes": last_closes, "traced_mib": [first_mib, last_mib],
+                "top": [{"site": s, "kib": d / 1024, "blocks": n} for s, d, n in rows if d > 0]}
+
+
 class MemorySampler:
     """Samples after every close, in the closing thread (thread-safe): `sample(cycle_counts)` appends one row.
     device: the sessions' device (CUDA adds alloc / reserved / driver series). `series()` returns the columns."""
@@ -74,6 +149,7 @@ class MemorySampler:
         self.lock = threading.Lock()
         self.rows: list[dict] = []
         self.quiet: list[dict] = []
+        self.python_sites: PythonSites | None = None     # set to trace Python's allocations at quiescent samples
 
     def now(self) -> dict:
         """Memory now, MiB: rss_mib, and on CUDA (after emptying torch's cache) alloc_mib, reserved_mib,
@@ -97,6 +173,9 @@ class MemorySampler:
         stress's construction; recorded so that a record shows it)."""
         row = {**self.now(), "closes": int(closes), "open_sessions": int(open_sessions),
                "host": host_heap_mib(self.device), "caches": library_caches(self.device)}
+        traced = self.python_sites.take(closes) if self.python_sites is not None else None
+        if traced is not None:
+            row["host"]["python_traced_mib"] = traced
         with self.lock:
             self.quiet.append(row)
 
