@@ -526,3 +526,10 @@ def test_trace_python_needs_quiescent_samples():
         quick([fake_target("plain")], trace_python=3)
     with pytest.raises(ValueError, match="trace_python"):
         quick([fake_target("plain")], trace_python=-1, quiesce_every=2)
+
+
+def test_a_run_without_a_memory_sample_is_not_valid():
+    # no quiescent sample was due in so few closes, so nothing shows memory flat
+    rec = quick([fake_target("plain")], threads=2, seconds=0.3, max_units=6, quiesce_every=10_000)
+    assert rec["summary"]["quiescent_samples"] == 0
+    assert any(r.startswith("memory: no quiescent sample taken") for r in rec["invalid_reasons"]), rec["invalid_reasons"]

@@ -237,6 +237,9 @@ def judge(stress: Stress, refs: dict | None, params: dict, facts: dict, finished
     if refs is not None and not compared:
         reasons.append("no unit was compared")
     reasons += [f"memory {name} not flat: {f['reason']}" for name, f in flat.items() if not f["flat"]]
+    if not flat:
+        reasons.append(f"memory: no {'quiescent ' if quiet is not None else ''}sample taken ({summary['cycles']} "
+                       f"closes): flatness not shown")
     checks = facts["checks"]
     if checks["bind_patches_live_after"]:
         reasons.append(f"{checks['bind_patches_live_after']} bind patches still in force after every session closed")

@@ -91,7 +91,8 @@ def _site(traceback) -> str:
 
 class PythonSites:
     """Python's own allocations by source line (tracemalloc, `_site`), one table per quiescent sample, the last
-    SITES_KEPT kept: which lines hold the Python heap that grows between samples. Objects allocated before
+    SITES_KEPT kept: which lines hold the Python heap that grows between samples (the tables' own allocations,
+    made in this module, left out). Objects allocated before
     `start()` are not traced; native allocations (torch's host tensors, the CUDA driver) are not Python's and
     are not seen. Tracing slows every Python allocation, so the run it watches is slower."""
 
@@ -114,7 +115,8 @@ class PythonSites:
         if not tracemalloc.is_tracing():
             return None
         sites: dict[str, tuple[int, int]] = {}
-        for s in tracemalloc.take_snapshot().statistics("traceback"):
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, __file__)])  # not its own
+        for s in snapshot.statistics("traceback"):
             size, n = sites.get(key := _site(s.traceback), (0, 0))
             sites[key] = (size + s.size, n + s.count)
         traced = tracemalloc.get_traced_memory()[0] / MIB
