@@ -237,7 +237,8 @@ def test_the_report_shows_both_bars_and_the_ratio_at_the_reference(tmp_path):
                                                                              "status": "done"}}}))
     text = document.write(run_dir, [str(ref)]).read_text()
     against = text.split("## Against the reference run")[1].split("\n## ")[0]
-    assert "Against `ref`: **not met** (pooled / per host state); at the reference host speed: **met**" in against
+    assert ("Against `ref`: the judged bar **not met** (0 of 1 workloads met); at the reference host speed, not "
+            "judged: met (1 of 1 workloads met)") in against
     assert "  - at the reference host speed: **met**: w: at 9.0 us per launch, second run 4.0" in against
     speed = text.split("## Speed")[1].split("\n## ")[0]
     assert "at 9.0 us per launch; slope per us, stock / cadence" in speed

@@ -1004,9 +1004,9 @@ def test_compare_puts_the_bar_in_the_report(tmp_path):
                                                      "stages": {"w.verify": {"workload": "w", "harness": "verify",
                                                                              "status": "done"}}}))
     text = section(document.write(run_dir, [str(ref)]).read_text(), "Against the reference run")
-    assert "Against `ref`: **met**" in text and "- w: **met**: w: second run 2.55x inside the first's [2.45-2.60]" in text
+    assert "Against `ref`: the judged bar **met** (1 of 1 workloads met)" in text and "- w: **met**: w: second run 2.55x inside the first's [2.45-2.60]" in text
     (ref / "run.json").write_text(json.dumps(paired_record(2.2, 2.1, 2.3)))
-    assert "Against `ref`: **not met**" in section(document.write(run_dir, [str(ref)]).read_text(),
+    assert "Against `ref`: the judged bar **not met**" in section(document.write(run_dir, [str(ref)]).read_text(),
                                                   "Against the reference run")
 
 
