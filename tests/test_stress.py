@@ -441,7 +441,7 @@ def test_library_cache_entries_reach_the_record_and_the_table_and_leave_the_verd
     plans = iter(range(10 ** 6))
     monkeypatch.setattr(trend, "rss_mib", lambda: 3000.0)
     monkeypatch.setattr(trend, "library_caches", lambda device=None: {"cufft_plans": 5 * next(plans)})
-    rec = quick([fake_target("plain")], seconds=1.2, quiesce_every=3, window=24, threads=4)
+    rec = quick([fake_target("plain")], seconds=2.0, quiesce_every=3, window=24, threads=4)   # >= 24 closes
     quiet = rec["memory"]["quiescent"]
     seen = quiet["caches"]["cufft_plans"]
     assert len(seen) == len(quiet["closes"]) >= 2 and seen == sorted(seen) and seen[-1] > seen[0], quiet
@@ -506,7 +506,8 @@ def test_each_quiescent_sample_is_printed_as_it_is_taken(monkeypatch, capsys):
 
 def test_traced_python_sites_name_the_line_that_keeps_memory_at_each_close():
     KEPT.clear()
-    rec = quick([fake_target("leaks", adapter=adapter_of(LeaksOnClose))], seconds=1.2, quiesce_every=3,
+    # tracing slows every allocation and each table takes a snapshot: a longer run than the others, for samples
+    rec = quick([fake_target("leaks", adapter=adapter_of(LeaksOnClose))], seconds=3.0, quiesce_every=3,
                 window=24, threads=4, trace_python=5)
     closes = rec["memory"]["quiescent"]["closes"]
     KEPT.clear()
