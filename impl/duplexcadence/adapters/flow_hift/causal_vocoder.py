@@ -10,10 +10,13 @@ the offsets are host clocks (plan.VocoderClock, `_process` L126-168). The histor
 no input makes them outgrow these limits: an invariant plan.VocoderClock asserts, not a bound a caller can meet.
 The step (`block_step`) reads every length from its Signature: `f0_predictor` (L138), `BoundedVocoder._source`
 (L108-124, the upstream function, with a stand-in noise table returning the staged noise), the source append,
-`CausalHiFTGenerator.decode` up to `_istft` (generator.py L672-706), the history trims (L160-166). Eager between
-steps: the mel append, the noise staging, the stock `_istft` (as the class function: another session's step may
-hold the instance's stand-in), decode's clamp (L708-711), `Token2wav._stream_vocode`'s finiteness check and
-first-chunk silence (token2wav.py L206-218).
+`CausalHiFTGenerator.decode` (generator.py L672-712) with its `_istft` (L499-505) bound to istft.StockIstft (the
+same ops; the envelope and its NOLA check made outside the step, once per frame count: no host read, no window
+copy), so decode's cut and clamp (L708-711) and `_process`'s skip and sample-count check (L155-158) run in the
+step too, then the history trims (L160-166). The step returns the block's speech. Eager between steps: the mel
+append, the noise staging, the copy of each block's speech into the call's output (stock: `torch.cat(chunks)`,
+L189; the first-chunk silence is its zeroed head, token2wav.py L213-217, the same bytes), `_stream_vocode`'s
+finiteness check (token2wav.py L211: a host read per call, kept where upstream has it).
 Noise "host" gathers as stock (`table[:, positions]`) into pinned memory, copied asynchronously; "device" gathers
 in the step from a device copy made once per model, the same elements. The STFT window (`stft_window.to(x.device)`,
 generator.py L494, L504) is a device copy bound for the step, and `CausalConv1d`'s zero context (convolution.py
@@ -29,6 +32,8 @@ import torch
 from duplexcadence import bind
 from duplexcadence.payload import shift_left_
 from duplexcadence.runtime import model_lock, model_state
+
+from duplexcadence.adapters.flow_hift.istft import StockIstft
 
 NOISE_MODES = ("host", "device")
 
@@ -102,6 +107,7 @@ class ArenaVocoder:
                     tables[self.device] = self.table.to(self.device)
             self.table_dev = tables[self.device]
         self.window = self.model.stft_window.to(self.device)
+        self.istft = StockIstft(self.model.istft_params, self.window)
 
     def reset(self) -> None:
         """The regions after `BoundedVocoder.reset()` (phase zero; the histories' lengths are host clocks)."""
@@ -118,10 +124,14 @@ class ArenaVocoder:
 
     # --- Token2wav._stream_vocode (token2wav.py L206-218) over BoundedVocoder.stream (L170-189) --------------
     def stream(self, mel: torch.Tensor, call) -> torch.Tensor:
-        """The fresh mel [1, 80, frames] of one call (plan.CallPlan) -> its samples [1, samples] @ 24 kHz.
+        """The fresh mel [1, 80, frames] of one call (plan.CallPlan) -> its samples [1, samples] @ 24 kHz, written
+        block by block into one tensor (stock: `torch.cat(chunks)`, L189; the silence's cat, token2wav.py L216-217).
         Raises RuntimeError for non-finite audio (as stock) or a sample count the plan did not predict."""
-        chunks = []
+        lead = self.t2w.source_cache_len if call.silence else 0
+        total = sum(b.sig.get("dec")[4] for b in call.blocks if b.sig.get("dec") is not None) * self.hop
         with torch.inference_mode():
+            speech, pos = self.mel.new_empty(1, lead + total), lead
+            speech[:, :lead].zero_()                                   # the first-chunk silence (L216)
             for block in call.blocks:
                 sig = block.sig
                 if block.fresh:
@@ -130,22 +140,12 @@ class ArenaVocoder:
                     mel = mel[:, :, block.fresh:]
                 self._stage_noise(block)
                 out = self.graphs.run(sig, self.block_step(sig))
-                if sig.get("dec") is not None:
-                    magnitude, phase = out
-                    x = type(self.model)._istft(self.model, magnitude, phase)   # eager (generator.py L499-505)
-                    if not sig.get("finalize"):                                  # generator.py L708-711
-                        x = x[:, :-self.cut]
-                    x = torch.clamp(x, -self.model.audio_limit, self.model.audio_limit)
-                    _, _, _, skip, fresh = sig.get("dec")
-                    x = x[:, skip * self.hop:]
-                    if x.shape[-1] != fresh * self.hop:
-                        raise RuntimeError("Bounded vocoder returned an unexpected sample count")
-                    chunks.append(x)
-            speech = torch.cat(chunks, dim=1) if chunks else self.mel.new_zeros(1, 0)
-            if not torch.isfinite(speech).all():
+                if out is not None:       # the step's samples, valid until the next replay: copied out now
+                    speech[:, pos:pos + out.shape[1]].copy_(out)
+                    pos += out.shape[1]
+            assert pos == lead + total, (pos, lead, total)
+            if not torch.isfinite(speech).all():      # token2wav.py L211 (the silence is finite)
                 raise RuntimeError("Causal vocoder returned non-finite audio")
-            if call.silence:
-                speech = torch.cat([speech.new_zeros(1, self.t2w.source_cache_len), speech], dim=1)
         return speech
 
     def _stage_noise(self, block) -> None:
@@ -189,24 +189,22 @@ class ArenaVocoder:
     # --- BoundedVocoder._process (bounded_vocoder.py L126-168) on arena views --------------------------------
     def block_step(self, sig):
         """The step of a "vocoder" Signature (plan.py): a zero-argument callable that reads and writes arena
-        views and its own tensors only and reads every length from `sig`. Returns decode's (magnitude, phase)
-        at its `_istft` call, or None when no speech is due. Runs with the STFT window's device copy and the
-        `_istft` stand-in bound on the shared generator under the model's lock (a replay binds nothing)."""
+        views and its own tensors only and reads every length from `sig`. Returns the block's speech [1, fresh x
+        480] (decode with its `_istft`, cut and clamp, then `_process`'s skip, L155-156), or None when no speech is
+        due. Runs with the STFT window's device copy and the `_istft` stand-in (istft.StockIstft, its envelope made
+        here, outside the step) bound on the shared generator under the model's lock (a replay binds nothing)."""
+        dec, finalize = sig.get("dec"), sig.get("finalize")
+        binds = [bind.attr(self.model, "stft_window", self.window)]
+        if dec is not None:     # decode's istft makes (skip + fresh) x 480 samples, + the cut unless finalizing
+            samples = (dec[3] + dec[4]) * self.hop + (0 if finalize else self.cut)
+            binds.append(bind.attr(self.model, "_istft", self.istft.for_samples(samples)))
+
         def step():
-            seen = {}
-
-            def istft_input(magnitude, phase):
-                seen["out"] = (magnitude, phase)
-                return magnitude.new_zeros(1, self.cut + 1)        # discarded: the real _istft runs eagerly
-
-            with torch.device(self.device), bind.bound(bind.attr(self.model, "stft_window", self.window),
-                                                      bind.attr(self.model, "_istft", istft_input),
-                                                      lock=model_lock(self.t2w)):
-                self._block(sig)
-            return seen.get("out")
+            with torch.device(self.device), bind.bound(*binds, lock=model_lock(self.t2w)):
+                return self._block(sig)
         return step
 
-    def _block(self, sig) -> None:
+    def _block(self, sig):
         mel_len, src_len, model, self.call_index = sig.size, sig.get("vocoder_source"), self.model, 0
         if sig.get("f0") is not None:
             rel, skip = sig.get("f0")
@@ -220,9 +218,13 @@ class ArenaVocoder:
                 self.src[:, :, pos:pos + s.shape[-1]].copy_(s)
                 pos += s.shape[-1]
             src_len += sum(sig.get("parts"))
+        speech = None
         if sig.get("dec") is not None:
-            a, b, s0, _, _ = sig.get("dec")
-            model.decode(self.mel[:, :, a:b], self.src[:, :, s0 * self.hop:src_len * self.hop],
-                         finalize=sig.get("finalize"))
+            a, b, s0, skip, fresh = sig.get("dec")
+            speech = model.decode(self.mel[:, :, a:b], self.src[:, :, s0 * self.hop:src_len * self.hop],
+                                  finalize=sig.get("finalize"))[:, skip * self.hop:]
+            if speech.shape[-1] != fresh * self.hop:
+                raise RuntimeError("Bounded vocoder returned an unexpected sample count")
         shift_left_(self.mel, mel_len, sig.get("keep_mel"))
         shift_left_(self.src, src_len * self.hop, sig.get("keep_src") * self.hop)
+        return speech

@@ -1,12 +1,14 @@
-"""Step-Audio 2's HiFT call (t2w L143-162) on arena state: `HiFTGenerator.forward` up to its istft as a "hift" step.
+"""Step-Audio 2's HiFT call (t2w L143-162) on arena state: `HiFTGenerator.forward` through its istft, the cross-fade and
+the cache updates as one "hift" step.
 
 Regions: the HiFT caches of t2w L156-160 (``hift_mel`` [1, 80, 8], ``hift_source`` [1, 1, 3840], ``hift_speech``
 [1, 3840]; host lengths), the static input ``hift_in_mel`` (viewed [1, 80, T], as stock's concat) and the step's
-outputs ``hift_out_mag`` / ``hift_out_phase`` [1, 9, 120 T + 1], ``hift_out_source`` [1, 1, <= 3840] (as stock's;
-read after the replay, so nothing that outlives it sits in the graph pool). Eager: the mel input (t2w L147); the
-step: `hift(mel_in, cache_source)` (hifigan.py L237-249, `decode` L203-232) with the instance's `_istft` bound to
-a stand-in returning (magnitude, phase); eager: the stock `_istft` (NOLA check; as the class function), decode's
-clamp (L234), the cross-fade (t2w L152-153), the cache updates (L156-160). Constant host-to-device copies
+output ``hift_out_speech`` [1, 480 T] (the call's speech; copied to the host before the next "hift" step). Eager:
+the mel input (t2w L147). The step: `hift(mel_in, cache_source)` (hifigan.py L237-249, `decode` L203-234) with
+the instance's `_istft` (L195-201) bound to istft.StockIstft (the same ops; the envelope and its NOLA check made
+outside the step, once per frame count: no host read, no window copy), so decode's clamp (L234) runs in it; the
+cross-fade (t2w L152-153) and the cache updates (L156-160), which read only the step's lengths (the cached
+speech tail is as long as the cached source: plan.StepAudio2Clocks). Constant host-to-device copies
 (`stft_window.to(x.device)`, hifigan.py L190; `torch.FloatTensor([[range(1, harmonic_num + 2)]]).to(f0.device)`,
 layers.py L366) come from `DeviceConstants`, one device copy per content and model. Random draws (layers.py L314,
 L378, L432) use the default generator of the HiFT's device (the session's state: stock.OwnGenerator); a replay
@@ -24,6 +26,7 @@ from duplexcadence.runtime import model_lock, model_state
 
 import duplexcadence.adapters.flow_hift.facts as facts
 from duplexcadence.adapters.flow_hift.build import fade_in_out
+from duplexcadence.adapters.flow_hift.istft import StockIstft
 
 #: The longest HiFT input: 8 cached mel frames + the longest call (a flush of 27 tokens: 54 frames).
 MAX_FRAMES = facts.MEL_CACHE_LEN + facts.VARIANT["stepaudio2"].max_advance
@@ -67,12 +70,9 @@ class GraphedHiFT:
 
     def __init__(self, t2w, arena):
         self.t2w, self.hift, self.arena = t2w, t2w.hift, arena
-        n_freq = self.hift.istft_params["n_fft"] // 2 + 1
-        frames = MAX_FRAMES * facts.HOP_SAMPLES // self.hift.istft_params["hop_len"] + 1
         self.shapes = {"hift_mel": (1, 80, facts.MEL_CACHE_LEN), "hift_source": (1, 1, facts.SOURCE_CACHE_LEN),
                        "hift_speech": (1, facts.SOURCE_CACHE_LEN), "hift_in_mel": (80 * MAX_FRAMES,),
-                       "hift_out_mag": (n_freq * frames,), "hift_out_phase": (n_freq * frames,),
-                       "hift_out_source": (1, 1, facts.SOURCE_CACHE_LEN)}
+                       "hift_out_speech": (1, MAX_FRAMES * facts.HOP_SAMPLES)}
         for name, shape in self.shapes.items():
             arena.declare(name, shape, torch.float32)
         with model_lock(t2w):
@@ -81,6 +81,7 @@ class GraphedHiFT:
 
     def attach(self) -> None:
         self.views = {name: self.arena[name].view(shape) for name, shape in self.shapes.items()}
+        self.istft = StockIstft(self.hift.istft_params, self.hift.stft_window.to(self.views["hift_mel"].device))
 
     def state(self, lengths: dict) -> dict:
         v = self.views
@@ -90,45 +91,35 @@ class GraphedHiFT:
         self.__dict__.clear()
 
     def vocode(self, chunk_mel: torch.Tensor, cp, graphs) -> torch.Tensor:
-        """t2w L143-162 for one call (plan.CallPlan): the flow's mel [1, 80, n] -> speech [1, S] float32 as stock's."""
+        """t2w L143-162 for one call (plan.CallPlan): the flow's mel [1, 80, n] -> speech [1, S] float32 as stock's,
+        a view of ``hift_out_speech``: valid until the session's next "hift" step (copy it out before)."""
         sig, v = cp.steps[1], self.views
-        T, lm, lsp = sig.size, sig.get("hift_mel"), cp.before["hift_speech"]
+        T, lm = sig.size, sig.get("hift_mel")
+        assert (cp.before["hift_speech"], cp.after["hift_mel"]) == (sig.get("hift_source"), min(facts.MEL_CACHE_LEN, T))
         with torch.inference_mode():
             mel_in = v["hift_in_mel"][: 80 * T].view(1, 80, T)
             mel_in[:, :, :lm].copy_(v["hift_mel"][..., :lm])
             mel_in[:, :, lm:].copy_(chunk_mel)
-        mag, phase, src_tail = graphs.run(sig, self.step(sig))
-        with torch.inference_mode():
-            speech = type(self.hift)._istft(self.hift, mag, phase)                      # stock, eager (L195-201)
-            speech = torch.clamp(speech, -self.hift.audio_limit, self.hift.audio_limit)  # decode's last line (L234)
-        if lsp > 0:
-            speech = fade_in_out(speech, v["hift_speech"][..., :lsp], self.t2w.speech_window)
-        after = cp.after
-        with torch.inference_mode():
-            v["hift_mel"][..., :after["hift_mel"]].copy_(mel_in[..., T - after["hift_mel"]:])
-            v["hift_source"][..., :after["hift_source"]].copy_(src_tail)
-            v["hift_speech"][..., :after["hift_speech"]].copy_(speech[:, speech.shape[1] - after["hift_speech"]:])
+        speech = graphs.run(sig, self.step(sig))
         return speech if cp.call.last_chunk else speech[:, :-facts.SOURCE_CACHE_LEN]
 
     def step(self, sig):
-        """The step of a "hift" Signature: `hift(mel_in, hift_source[..., :ls])` up to decode's `_istft`; magnitude,
-        phase and the source's last `keep_source` samples written into arena regions (their views returned)."""
+        """The step of a "hift" Signature: `hift(mel_in, hift_source[..., :ls])` (its `_istft` bound to
+        istft.StockIstft, the envelope made here, outside the step), the cross-fade with the cached speech tail,
+        the cache updates; returns the speech [1, 480 T], written into ``hift_out_speech``."""
         T, ls, keep, v = sig.size, sig.get("hift_source"), sig.get("keep_source"), self.views
+        kept_mel, stand_in = min(facts.MEL_CACHE_LEN, T), self.istft.for_samples(T * facts.HOP_SAMPLES)
 
         def run():
-            seen = {}
-
-            def istft_input(magnitude, phase):
-                seen["out"] = (magnitude, phase)
-                return magnitude.new_zeros(1, 1)      # discarded: the stock _istft runs eagerly after the step
-
+            mel_in = v["hift_in_mel"][: 80 * T].view(1, 80, T)
             with torch.inference_mode(), DeviceConstants(self.constants), \
-                    bind.bound(bind.attr(self.hift, "_istft", istft_input), lock=model_lock(self.t2w)):
-                _, source = self.hift(v["hift_in_mel"][: 80 * T].view(1, 80, T), v["hift_source"][..., :ls])
-                if "out" not in seen:
-                    raise RuntimeError("HiFT decode did not reach _istft (hifigan.py L233)")
-                mag, phase = (v[name][: t.numel()].view(t.shape).copy_(t)      # contiguous, as stock's
-                              for t, name in zip(seen["out"], ("hift_out_mag", "hift_out_phase")))
-                tail = v["hift_out_source"][..., :keep].copy_(source[:, :, source.shape[2] - keep:])
-            return mag, phase, tail
+                    bind.bound(bind.attr(self.hift, "_istft", stand_in), lock=model_lock(self.t2w)):
+                speech, source = self.hift(mel_in, v["hift_source"][..., :ls])
+                if ls > 0:      # the cached tail holds as many samples as the cached source (plan.StepAudio2Clocks)
+                    speech = fade_in_out(speech, v["hift_speech"][..., :ls], self.t2w.speech_window)
+                out = v["hift_out_speech"][:, :speech.shape[1]].copy_(speech)
+                v["hift_mel"][..., :kept_mel].copy_(mel_in[..., T - kept_mel:])
+                v["hift_source"][..., :keep].copy_(source[:, :, source.shape[2] - keep:])
+                v["hift_speech"][..., :keep].copy_(speech[:, speech.shape[1] - keep:])
+            return out
         return run
