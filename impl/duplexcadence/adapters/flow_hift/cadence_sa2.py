@@ -5,9 +5,9 @@ L137-141's `cat(att[..., :P], att[..., -100:])`). Its own (t2w = stepfun-ai/Step
 the conformer region is KeepAll up to the position table (never trimmed: 205 MB reserved at the released depth,
 VMM-mapped as it grows; a unit past the table is a ClockError before anything changes, where the stock driver
 breaks in the encoder). The encoder runs eagerly (it grows every call); the DiT segment (`decoder.forward_chunk`,
-routed for the call, mu / spks / cond in static buffers) is a "dit" step and the HiFT up to its istft a "hift"
-step (hift_graph), bounded sets (the DiT cache stops at P + 100). The session's own generator state is swapped in
-for every unit (stock.OwnGenerator), as its stock session does.
+routed for the call, mu / spks / cond in static buffers) is a "dit" step and the HiFT call (its istft included)
+a "hift" step (hift_graph), bounded sets (the DiT cache stops at P + 100). The session's own generator state is
+swapped in for every unit (stock.OwnGenerator), as its stock session does.
 
 `prepare(None)` captures what the clocks say the next full units need from the current state: "dit" at DiT
 lengths up to P + 100, the first and steady "hift": for the workload's voice (P = 258) 3 + 2 graphs, all a 60 s

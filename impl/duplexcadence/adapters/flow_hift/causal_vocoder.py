@@ -10,9 +10,9 @@ the offsets are host clocks (plan.VocoderClock, `_process` L126-168). The histor
 no input makes them outgrow these limits: an invariant plan.VocoderClock asserts, not a bound a caller can meet.
 The step (`block_step`) reads every length from its Signature: `f0_predictor` (L138), `BoundedVocoder._source`
 (L108-124, the upstream function, with a stand-in noise table returning the staged noise), the source append,
-`CausalHiFTGenerator.decode` (generator.py L672-712) with its `_istft` (L499-505) bound to istft.StockIstft (the
+`CausalHiFTGenerator.decode` (generator.py L672-711) with its `_istft` (L499-505) bound to istft.StockIstft (the
 same ops; the envelope and its NOLA check made outside the step, once per frame count: no host read, no window
-copy), so decode's cut and clamp (L708-711) and `_process`'s skip and sample-count check (L155-158) run in the
+copy), so decode's cut and clamp (L708-711) and `_process`'s skip and sample-count check (L155-157) run in the
 step too, then the history trims (L160-166). The step returns the block's speech. Eager between steps: the mel
 append, the noise staging, the copy of each block's speech into the call's output (stock: `torch.cat(chunks)`,
 L189; the first-chunk silence is its zeroed head, token2wav.py L213-217, the same bytes), `_stream_vocode`'s
@@ -190,7 +190,7 @@ class ArenaVocoder:
     def block_step(self, sig):
         """The step of a "vocoder" Signature (plan.py): a zero-argument callable that reads and writes arena
         views and its own tensors only and reads every length from `sig`. Returns the block's speech [1, fresh x
-        480] (decode with its `_istft`, cut and clamp, then `_process`'s skip, L155-156), or None when no speech is
+        480] (decode with its `_istft`, cut and clamp, then `_process`'s skip, L155-157), or None when no speech is
         due. Runs with the STFT window's device copy and the `_istft` stand-in (istft.StockIstft, its envelope made
         here, outside the step) bound on the shared generator under the model's lock (a replay binds nothing)."""
         dec, finalize = sig.get("dec"), sig.get("finalize")

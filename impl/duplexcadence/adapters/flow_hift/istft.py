@@ -24,9 +24,10 @@ def envelope(window: torch.Tensor, n_fft: int, hop: int, frames: int) -> torch.T
     length, half = n_fft + hop * (frames - 1), n_fft // 2
     env = torch.ops.aten.unfold_backward(window.pow(2).expand(1, frames, n_fft), [1, length], 1, n_fft, hop)
     env = env[:, half:length - half]
-    if bool(env.abs().min().lt(1e-11)):
+    lowest = env.abs().min()
+    if bool(lowest.lt(1e-11)):          # the one host read
         raise RuntimeError(f"istft(n_fft={n_fft}, hop={hop}, frames={frames}): window overlap add min: "
-                           f"{env.abs().min().item()} (NOLA condition failed)")
+                           f"{float(lowest)} (NOLA condition failed)")
     return env
 
 
