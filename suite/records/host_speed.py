@@ -7,10 +7,10 @@ squares over the measured pairs in which neither arm ran a step eagerly (a first
 signature runs eagerly in both arms, a ratio near 1 that is no part of the steady state) and that made audio (a
 SPEAK unit of 0 samples runs no decoder step in either arm: a host-only call of well under a millisecond), with
 probe the mean of the pair's readings. exp(alpha) is the speedup at the reference host speed; its interval is a
-hierarchical bootstrap as suite.records.paired.bootstrap_median's (processes with replacement, then pairs within each).
+hierarchical bootstrap (suite.records.bootstrap: processes with replacement, then pairs within each).
 The same fit of log a_ms and log b_ms alone shows which arm follows the host.
 
-This module takes the pairs (suite.records.paired.Pair) as given and imports nothing of the suite.
+This module takes the pairs (suite.records.paired.Pair) as given and imports only suite.records.bootstrap.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
+from suite.records.bootstrap import hierarchical_draws, padded_table, percentile_interval
+
 #: The reference host speed, microseconds per tiny eager launch. A convention, not a measurement of any run:
 #: a speed inside the range of probe readings the lent H200 hosts show (about 7-12 us), fixed so that two
 #: runs are compared at the same host speed.
@@ -26,7 +28,7 @@ PROBE_REFERENCE_US = 9.0
 MIN_FIT_PAIRS = 10         # a fit over fewer steady pairs is flagged
 DEFAULT_MIN_PROCESSES = 3  # as suite.records.paired.MIN_PROCESSES (summarise passes its own)
 DEFAULT_CONFIDENCE = 0.95  # as suite.records.paired.CONFIDENCE
-BOOT_CHUNK = 500           # bootstrap resamples drawn per batch (bounds memory, not the result)
+BOOT_CHUNK = 500           # bootstrap resamples drawn per batch (suite.records.bootstrap.hierarchical_draws)
 
 
 @dataclass
@@ -101,17 +103,10 @@ def bootstrap_intercept(groups: list[tuple[np.ndarray, np.ndarray]], *, rng: np.
     if not groups:
         return None
     sizes = np.array([x.size for x, _ in groups])
-    n_groups, width = len(groups), int(sizes.max())
-    tx, ty = np.zeros((n_groups, width)), np.zeros((n_groups, width))
-    for i, (x, y) in enumerate(groups):
-        tx[i, :x.size], ty[i, :y.size] = x, y
+    tx, ty = padded_table([x for x, _ in groups], 0.0), padded_table([y for _, y in groups], 0.0)
     out = []
-    for start in range(0, n_boot, BOOT_CHUNK):
-        m = min(BOOT_CHUNK, n_boot - start)
-        pick = rng.integers(0, n_groups, size=(m, n_groups))                 # groups drawn
-        n = sizes[pick][..., None]                                            # [m, groups, 1]
-        idx = np.minimum((rng.random((m, n_groups, width)) * n).astype(np.int64), n - 1)
-        w = (np.arange(width) < n).astype(np.float64)                         # 1 for a draw, 0 for padding
+    for pick, idx, drawn in hierarchical_draws(sizes, rng=rng, n_boot=n_boot, chunk=BOOT_CHUNK):
+        w = drawn.astype(np.float64)                                          # 1 for a draw, 0 for padding
         x, y = tx[pick[..., None], idx] * w, ty[pick[..., None], idx] * w
         count = w.sum(axis=(1, 2))
         sx, sy = x.sum(axis=(1, 2)), y.sum(axis=(1, 2))
@@ -124,9 +119,7 @@ def bootstrap_intercept(groups: list[tuple[np.ndarray, np.ndarray]], *, rng: np.
     a = a[np.isfinite(a)]
     if a.size == 0:
         return None
-    tail = (1.0 - confidence) / 2 * 100.0
-    lo, hi = np.percentile(a, [tail, 100.0 - tail])
-    return float(lo), float(hi)
+    return percentile_interval(a, confidence)
 
 
 def fit_host_speed(processes, *, reference_us: float = PROBE_REFERENCE_US, seed: int = 0, n_boot: int = 2000,

@@ -19,6 +19,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from suite.records.bootstrap import hierarchical_draws, padded_table, percentile_interval
 from suite.records.host_speed import PROBE_REFERENCE_US, fit_host_speed
 
 MIN_PROCESSES = 3          # a run is at least three fresh processes (as pyperf runs its benchmarks)
@@ -28,7 +29,7 @@ MIN_STATE_FRACTION = 0.1   # each of two host states has at least this weight in
 MIN_SEPARATION = 2.0       # Ashman's D between the two components (D > 2: two modes cleanly apart)
 MIN_BIC_GAIN = 10.0        # two normals must beat one by this much BIC ("very strong", Kass & Raftery 1995)
 MIN_STATE_PAIRS = 10       # a state with fewer pairs in a run is not judged by `reproduces`
-BOOT_CHUNK = 250           # bootstrap resamples drawn per batch (bounds memory, not the result)
+BOOT_CHUNK = 250           # bootstrap resamples drawn per batch (suite.records.bootstrap.hierarchical_draws)
 
 
 @dataclass(frozen=True)
@@ -311,23 +312,14 @@ def bootstrap_median(groups: list[np.ndarray], *, rng: np.random.Generator, n_bo
     if not groups:
         raise ValueError("groups: expected at least one value")
     sizes = np.array([g.size for g in groups])
-    n_groups, width = len(groups), int(sizes.max())
-    table = np.full((n_groups, width), np.nan)
-    for i, g in enumerate(groups):
-        table[i, :g.size] = g
-    medians = []
-    for start in range(0, n_boot, BOOT_CHUNK):
-        m = min(BOOT_CHUNK, n_boot - start)
-        pick = rng.integers(0, n_groups, size=(m, n_groups))                 # groups drawn
-        n = sizes[pick][..., None]                                            # [m, groups, 1]
-        idx = np.minimum((rng.random((m, n_groups, width)) * n).astype(np.int64), n - 1)
-        drawn = np.where(np.arange(width) < n, table[pick[..., None], idx], np.inf).reshape(m, -1)
-        drawn.sort(axis=1)                                                    # the draws first, inf after
-        count, rows = n.reshape(m, -1).sum(axis=1), np.arange(m)
-        medians.append((drawn[rows, (count - 1) // 2] + drawn[rows, count // 2]) / 2)
-    tail = (1.0 - CONFIDENCE) / 2 * 100.0
-    lo, hi = np.percentile(np.concatenate(medians), [tail, 100.0 - tail])
-    return float(lo), float(hi)
+    table, medians = padded_table(groups, np.nan), []
+    for pick, idx, drawn in hierarchical_draws(sizes, rng=rng, n_boot=n_boot, chunk=BOOT_CHUNK):
+        m = pick.shape[0]
+        values = np.where(drawn, table[pick[..., None], idx], np.inf).reshape(m, -1)
+        values.sort(axis=1)                                                   # the draws first, inf after
+        count, rows = drawn.reshape(m, -1).sum(axis=1), np.arange(m)
+        medians.append((values[rows, (count - 1) // 2] + values[rows, count // 2]) / 2)
+    return percentile_interval(np.concatenate(medians), CONFIDENCE)
 
 
 def _ratios(pairs: list[Pair]) -> np.ndarray:
