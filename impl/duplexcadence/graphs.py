@@ -212,7 +212,7 @@ class GraphCache:
     (default the signature itself; e.g. `lambda s: s.step` warms a whole step family with one eager run,
     after which every signature of that family can be captured ahead); lock: a context manager (the model's
     runtime.model_lock, a gate.OuterLock) held around every eager run and capture, None = no lock. Every call
-    runs inside gate.work(); a capture inside gate.capture() (alone in the process).
+    runs inside gate.work(); a capture inside gate.capture(), freeing the graphs (`drop`) inside gate.device_wide().
     inline: True captures a new signature inside `run` (after its warm-up); False never captures there:
     an uncaptured signature runs eagerly and counts as an eager fallback, and graphs come only from
     `capture` (ahead of time, outside any timed unit).
@@ -320,8 +320,9 @@ class GraphCache:
     def _capture(self, signature, step, replay: bool = True):
         graph = torch.cuda.CUDAGraph()
         try:
-            # alone in the process (duplexcadence.gate: no other thread's CUDA work meets the capture); thread_local:
-            # this thread's own unsafe calls are the only ones checked against it
+            # one capture at a time, no device-wide call beside it (duplexcadence.gate; in its exclusive mode no
+            # other thread's CUDA work at all); thread_local: this thread's own unsafe calls are the only ones
+            # checked against it, so other threads launch, replay and allocate while it records
             with gate.capture():
                 prime_workspace(self.capture_stream)
                 before = torch.cuda.memory_reserved(self.device)
@@ -351,7 +352,8 @@ class GraphCache:
         """Free every graph of this cache now (a closing session): entries and pool references go, so the
         pool's blocks return to the allocator once no other reference holds them."""
         self.closed = True
-        self.entries.clear()
+        with gate.device_wide():
+            self.entries.clear()
         self.eager_only.clear()
         self.pool = None
 

@@ -200,7 +200,7 @@ class CadenceSession(Session):
     def close(self) -> None:
         """Free the graphs, the arena, the masks and the pinned staging buffer now."""
         if not self.closed:
-            with gate.work():
+            with gate.device_wide():
                 self.graphs.drop()
                 self.arena.close()
                 self.graphs, self.masks, self._host, self.graph_bytes = None, None, None, {}

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from duplexcadence import upstream
+from duplexcadence import gate, upstream
 from duplexcadence.runtime import model_state
 
 import duplexcadence.adapters.flow_hift.facts as facts
@@ -370,7 +370,8 @@ def release_stock_buffers(t2w) -> int:
                 mod._buffers[name] = torch.zeros((), dtype=buf.dtype, device=buf.device).expand(buf.shape)
     model_state(t2w)["stock_buffers_released"] = True
     if freed and torch.device(t2w.device).type == "cuda":
-        torch.cuda.empty_cache()
+        with gate.device_wide():
+            torch.cuda.empty_cache()
     return freed
 
 

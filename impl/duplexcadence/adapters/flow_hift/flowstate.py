@@ -233,7 +233,7 @@ class CadenceBase(TokenSession):
         """Drop the graphs, every part's state and the arena now (the shared model stays)."""
         if self.closed:
             return
-        with gate.work():
+        with gate.device_wide():
             gate.synchronize(self.device)
             self.graphs.drop()
             for name in self.parts:

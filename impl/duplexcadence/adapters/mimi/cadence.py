@@ -181,7 +181,7 @@ class CadenceSession(MimiSession):
     def close(self) -> None:
         """Free the graphs, the arena and the session's streaming states now."""
         if not self.closed:
-            with gate.work():
+            with gate.device_wide():
                 self.graphs.drop()
                 self.own.close()
                 self.bindings, self._counted, self.io = [], [], None
