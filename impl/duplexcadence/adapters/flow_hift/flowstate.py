@@ -10,6 +10,7 @@ blocks capture). The DiT trim `cat(att[..., :P], att[..., -100:])` (token2wav.py
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -150,6 +151,7 @@ class CadenceBase(TokenSession):
 
     steps: tuple = ()
     guard = None                    # a context for warm-up steps (Step-Audio 2: a throw-away generator)
+    rng = None                      # stock.OwnGenerator where a step draws (Step-Audio 2): captures hold its lock
 
     def __init__(self, model, capture: str, arena_backend: str):
         if capture not in ("ahead", "inline"):
@@ -203,7 +205,8 @@ class CadenceBase(TokenSession):
             if sig.step not in self.steps:
                 raise InputError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
         before = {k: getattr(graphs.stats, k) for k in SessionStats.COUNTERS}
-        with gate.work():
+        held = self.rng.held() if self.rng is not None and graphs.enabled else contextlib.nullcontext()
+        with held, gate.work():
             for sig in sigs if graphs.enabled else ():
                 if sig in graphs.entries:
                     continue

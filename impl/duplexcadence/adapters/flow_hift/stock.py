@@ -66,6 +66,17 @@ class OwnGenerator:
     def scratch(self):
         return self._swapped(self.state.clone())
 
+    @contextlib.contextmanager
+    def held(self):
+        """The generator lock, waited for with this thread's capture-gate holds set aside (duplexcadence.gate):
+        a capture of a step that draws registers the default generator, so no other thread may swap it meanwhile."""
+        with gate.GATE.aside():
+            rng.LOCK.acquire()
+        try:
+            yield
+        finally:
+            rng.LOCK.release()
+
 
 class _StockBase(TokenSession):
     """What both stock sessions share: the one-live-session claim, the checks, the unit's calls under `own()`."""
