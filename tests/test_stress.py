@@ -534,3 +534,19 @@ def test_a_run_without_a_memory_sample_is_not_valid():
     rec = quick([fake_target("plain")], threads=2, seconds=0.3, max_units=6, quiesce_every=10_000)
     assert rec["summary"]["quiescent_samples"] == 0
     assert any(r.startswith("memory: no quiescent sample taken") for r in rec["invalid_reasons"]), rec["invalid_reasons"]
+
+
+def test_quiescent_samples_record_the_most_cadence_sessions_open_at_once(monkeypatch):
+    """Beside the verdict, not judged: before each quiescent sample, the most DuplexCadence sessions of each workload
+    and of all workloads that were open at once so far (at most one per thread), never falling."""
+    monkeypatch.setattr(trend, "rss_mib", lambda: 3000.0)
+    rec = quick([fake_target("plain"), fake_target("other")], seconds=1.5, quiesce_every=3, window=24, threads=4)
+    quiet = rec["memory"]["quiescent"]
+    most = quiet["high_water"]
+    assert set(most) == {"open:plain/cadence", "open:other/cadence", "open:all/cadence"}, most
+    for name, values in most.items():
+        assert len(values) == len(quiet["closes"]) >= 2 and values == sorted(values) and 1 <= values[-1] <= 4, most
+    assert all(a <= c and b <= c for a, b, c in zip(most["open:plain/cadence"], most["open:other/cadence"],
+                                                    most["open:all/cadence"]))
+    assert "DuplexCadence sessions open at once" in stress.table({**rec, "verdict": "X"})
+    assert rec["memory"]["flatness"]["rss_mib"]["flat"]

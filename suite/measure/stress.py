@@ -49,7 +49,8 @@ summary.parked_s says how many thread-seconds the drains cost. Each quiescent sa
 and torch's pinned host blocks (memory.host_heap_mib), fitted the same way into memory.host_flatness and the
 table's "(not judged)" rows: whether an RSS that rises is memory still in use or memory malloc keeps; and the
 entries of the libraries' per-shape caches (memory.library_caches: torch's cuFFT plans), which hold host memory
-for every new shape met until they fill. With --trace-python N, Python's own allocations are traced while the
+for every new shape met until they fill; and (memory.quiescent.high_water) the most DuplexCadence sessions of each
+workload, and of all, open at once so far, which the driver's graph memory follows. With --trace-python N, Python's own allocations are traced while the
 threads run (slower) and the N lines whose bytes grew most over the judged window are recorded
 (memory.python_sites, trend.PythonSites), each quiescent sample's traced MiB among the host rows.
 """
@@ -286,6 +287,12 @@ def table(record: dict) -> str:
         if seen:
             checks += (f"\n{name.replace('_', ' ')} at quiescent samples: {seen[0][1]} after close {seen[0][0]}, "
                        f"{seen[-1][1]} after close {seen[-1][0]}")
+    most = (record["memory"].get("quiescent") or {}).get("high_water") or {}
+    if most:
+        closes = record["memory"]["quiescent"]["closes"]
+        checks += "\nDuplexCadence sessions open at once, the most so far at the first and last quiescent sample: " + \
+            ", ".join(f"{k.removeprefix('open:').removesuffix('/cadence')} {v[0]} -> {v[-1]}" for k, v in most.items()
+                      if v) + f" (closes {closes[0]} -> {closes[-1]})"
     res = record["memory"].get("residue") or {}
     if res:
         ws = res["cublas_workspaces_mib"]
@@ -382,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the warm-up (threads DuplexCadence sessions of each workload open at once, then "
                         "closed) that sets the driver's graph-executable high-water before the threads start")
     p.add_argument("--trace-python", type=_at_least(int, 0), default=0, metavar="N",
-                   help="with --quiesce-every: trace Python's allocations while the threads run (slower) and "
+                   help="with --quiesce-every: trace Python's allocations while the threads run (several times "
+                        "slower: too few closes for a flatness verdict in a short run) and "
                         "record the N source lines whose bytes grew most over the judged window (0: off)")
     p.add_argument("--quiet", dest="progress", action="store_false")
     return p

@@ -94,6 +94,7 @@ class Stress:
         self.deadline = None
         self.sampling = False           # memory samples at closes: during the stress only
         self.current: dict[int, SessionRecord] = {}     # thread -> the session it runs now
+        self.high_water: dict[str, int] = {}            # "open:<workload>/cadence" -> most open at once so far
         self.hung = 0                   # threads still running hang_s after the deadline
         self.progress, self.last_print, self.t0 = progress, 0.0, 0.0
         # quiescence: once quiesce_every more closes are done, each thread parks at its next draw until every
@@ -106,6 +107,15 @@ class Stress:
     def count(self, key: str, delta: int) -> None:
         with self.lock:
             self.counts[key] += delta
+            if delta > 0 and key.startswith("open:") and key.endswith("/cadence"):
+                self._note_open_at_once(key, self.counts[key])
+
+    def _note_open_at_once(self, key: str, now: int) -> None:
+        # under self.lock: the most DuplexCadence sessions open at once so far, per workload and in all (the
+        # driver keeps graph memory at the high-water of graphs alive at once: what RSS steps may follow)
+        total = sum(v for k, v in self.counts.items() if k.startswith("open:") and k.endswith("/cadence"))
+        for k, v in ((key, now), ("open:all/cadence", total)):
+            self.high_water[k] = max(self.high_water.get(k, 0), v)
 
     @contextlib.contextmanager
     def calling(self, kind: str):
@@ -180,8 +190,9 @@ class Stress:
         if not self.past():
             with self.lock:
                 open_now = sum(v for k, v in self.counts.items() if k.startswith("open:"))
+                high_water = dict(self.high_water)
             closes = len(self.sampler.rows)
-            self.sampler.sample_quiet(closes, open_now)
+            self.sampler.sample_quiet(closes, open_now, high_water)
             self.next_quiet = closes + self.quiesce_every
             if self.progress:     # the samples in the log too, so that a run cut before its record still shows them
                 row = self.sampler.quiet[-1]
@@ -294,6 +305,10 @@ class Stress:
                         self.record_exception(rec, "warm-up close", None, exc)
             out[target.name] = {"sessions": len(sessions), "units": units, "graphs": graph_count,
                                 "seconds": time.perf_counter() - t0}
+            with self.lock:
+                key = f"open:{target.name}/cadence"
+                for k in (key, "open:all/cadence"):
+                    self.high_water[k] = max(self.high_water.get(k, 0), len(sessions))
         gc.collect()
         return out
 

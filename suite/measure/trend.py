@@ -170,11 +170,13 @@ class MemorySampler:
         with self.lock:
             self.rows.append(row)
 
-    def sample_quiet(self, closes: int, open_sessions: int) -> None:
-        """One quiescent row: memory now, the closes before it, and how many sessions were open (0 by the
-        stress's construction; recorded so that a record shows it)."""
+    def sample_quiet(self, closes: int, open_sessions: int, high_water: dict | None = None) -> None:
+        """One quiescent row: memory now, the closes before it, how many sessions were open (0 by the stress's
+        construction; recorded so that a record shows it) and `high_water` (name -> the most sessions of a kind
+        open at once so far, not judged)."""
         row = {**self.now(), "closes": int(closes), "open_sessions": int(open_sessions),
-               "host": host_heap_mib(self.device), "caches": library_caches(self.device)}
+               "host": host_heap_mib(self.device), "caches": library_caches(self.device),
+               "high_water": dict(high_water or {})}
         traced = self.python_sites.take(closes) if self.python_sites is not None else None
         if traced is not None:
             row["host"]["python_traced_mib"] = traced
@@ -184,14 +186,17 @@ class MemorySampler:
     def quiet_series(self) -> dict:
         """{"closes": [closes before each quiescent sample], "open_sessions": [...], "memory": {name: [MiB]} (the
         series the rule judges), "host": {name: [MiB]} (memory.host_heap_mib at each sample: what RSS is made of,
-        not judged), "caches": {name: [entries]} (memory.library_caches: caches that grow with new shapes)}."""
+        not judged), "caches": {name: [entries]} (memory.library_caches: caches that grow with new shapes),
+        "high_water": {name: [sessions]} (the most of a kind open at once before each sample)}."""
+        parts_of = ("host", "caches", "high_water")
         with self.lock:
             rows = list(self.quiet)
-        keys = [k for k in (rows[0] if rows else {}) if k not in ("closes", "open_sessions", "host", "caches")]
-        parts = {part: sorted({k for r in rows for k in r.get(part, {})}) for part in ("host", "caches")}
+        keys = [k for k in (rows[0] if rows else {}) if k not in ("closes", "open_sessions", *parts_of)]
+        parts = {part: sorted({k for r in rows for k in r.get(part, {})}) for part in parts_of}
         return {"closes": [r["closes"] for r in rows], "open_sessions": [r["open_sessions"] for r in rows],
                 "memory": {k: [r[k] for r in rows] for k in keys},
-                **{part: {k: [r.get(part, {}).get(k) for r in rows] for k in names} for part, names in parts.items()}}
+                **{part: {k: [r.get(part, {}).get(k, 0 if part == "high_water" else None) for r in rows] for k in names}
+                   for part, names in parts.items()}}
 
     def series(self) -> dict:
         """{"memory": {name: [MiB per cycle]}, "counts": {name: [count per cycle]}} (a count absent from a row
