@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     report = document.write(run_dir)
     outcome(state, chosen, device)
-    print(f"results: {run_dir}/stages.json, {report}")
+    print(f"results: {run_dir}/stages.json, {report}, {run_dir}/claims.json")
     return status(state, chosen, sitting, limited)
 
 

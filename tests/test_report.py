@@ -356,3 +356,14 @@ def test_memory_measured_without_a_peak_says_no_peak_recorded():
     rec = {"modes": {m: {"memory": {}, "session_stats": {}} for m in ("stock", "cadence")}}
     m = figures.memory_figures({"verify": {"record": rec}})
     assert m["cadence"]["peak"] is None and m["cadence"]["how"] == f"{figures.BOTH_MODES}; no peak recorded", m
+
+
+def test_a_mode_with_no_measured_unit_shows_no_verdict_of_its_own():
+    from suite.report import single
+    rec = {"modes": {"stock": {"metrics": {"units_measured": 0}, "memory": {}, "verdict": "VALID"},
+                     "cadence": {"metrics": {"units_measured": 31, "tail_ms_p50": 90.0}, "memory": {},
+                                 "verdict": "VALID"}}}
+    text = single.summary(rec)
+    stock, cadence = [line for line in text.splitlines() if line.startswith(("| stock", "| cadence"))]
+    assert stock.rstrip(" |").endswith("— (no unit measured)") and "VALID" not in stock
+    assert cadence.rstrip(" |").endswith("VALID") and "the mode's own checks" in text

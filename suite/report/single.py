@@ -65,10 +65,10 @@ def summary(record: dict) -> str:
                      fmt(m.get("tail_vs_period_pct_p50"), "+.1f"), fmt(m.get("deadline_misses")),
                      f"{fmt(mib)} ({key})", fmt(mem.get("peak_alloc_mib")), fmt(mem.get("session_driver_mib",
                                                                                      mem.get("session_rss_mib"))),
-                     run["verdict"]])
+                     run["verdict"] if m.get("units_measured") else "— (no unit measured)"])
     return table(rows, ["mode", "units measured", "tail ms p50", "p90", "p99", "RTF",
                          "tail vs 1 s period % (p50)", "deadline misses", "peak MiB over idle",
-                         "peak alloc MiB", "session increment MiB", "verdict"])
+                         "peak alloc MiB", "session increment MiB", "the mode's own checks"])
 
 
 def published_vs_ours(record: dict) -> str:
