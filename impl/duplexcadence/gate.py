@@ -15,7 +15,9 @@ Three kinds of hold, one gate per process (`GATE`):
 - `work()` (shared, reentrant per thread) wraps every stretch of a session's CUDA work (open, start_turn, speak,
   prepare, close).
 - `device_wide()` (shared, reentrant) wraps the calls no capture may meet: device synchronize, empty_cache,
-  freeing graphs, mapping and unmapping VMM memory. `synchronize(device)` is torch.cuda.synchronize inside it.
+  freeing graphs, mapping and unmapping VMM memory, and eager draws from or seeding of a device's default
+  generator (every capture registers it, torch's CUDAGraph::capture_begin; a draw from another thread meanwhile
+  fails: flow_hift.stock.OwnGenerator, rng.seeded_build). `synchronize(device)` is torch.cuda.synchronize inside it.
 - `capture(alone=False)` (one at a time) wraps each capture. It waits until no other thread is inside
   device_wide(), and new device_wide() entries wait while a capture waits or runs (writer preference: captures do
   not starve). A capture `alone=True` (a global-mode capture) also waits until no other thread is inside work(),

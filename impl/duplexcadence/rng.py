@@ -15,6 +15,8 @@ import threading
 
 import torch
 
+from duplexcadence import gate
+
 #: held while a build seeds the default generators or a session has its own state swapped into them
 LOCK = threading.RLock()
 
@@ -22,12 +24,13 @@ LOCK = threading.RLock()
 def seeded_build(build):
     """Decorate an adapter's `build_model(spec, *, device, ...)`: the body runs holding LOCK, inside
     `torch.random.fork_rng` over the CPU generator and, on CUDA, `device`'s, so the default generators are
-    as they were once it returns or raises."""
+    as they were once it returns or raises; and inside the capture gate's device_wide() (no capture beside it:
+    every capture registers the device's default generator, which the build seeds and may draw from)."""
     @functools.wraps(build)
     def wrapped(*args, **kwargs):
         device = torch.device(kwargs.get("device", "cpu"))
         devices = [device.index if device.index is not None else torch.cuda.current_device()] \
             if device.type == "cuda" else []
-        with LOCK, torch.random.fork_rng(devices=devices):
+        with LOCK, gate.GATE.device_wide(), torch.random.fork_rng(devices=devices):
             return build(*args, **kwargs)
     return wrapped
