@@ -44,6 +44,7 @@ class OwnGenerator:
     def _default(self):
         if self.device.type != "cuda":
             return torch.default_generator
+        torch.cuda.init()                   # default_generators is empty until CUDA is initialised in the process
         return torch.cuda.default_generators[self.device.index if self.device.index is not None
                                              else torch.cuda.current_device()]
 
