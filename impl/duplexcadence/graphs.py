@@ -43,6 +43,7 @@ from typing import Callable, Hashable
 import torch
 
 from duplexcadence import gate
+from duplexcadence.errors import InputError
 
 
 class StreamLeases:
@@ -194,10 +195,10 @@ class GraphEntry:
 
 def check_options(graphs, strict=False) -> None:
     """A session's `graphs` (None: on CUDA) and `strict` options, checked before it allocates anything. Raises
-    ValueError naming the option for anything but a bool (or None for graphs)."""
+    InputError naming the option for anything but a bool (or None for graphs)."""
     for name, value in (("graphs", graphs), ("strict", strict)):
         if not (isinstance(value, bool) or (value is None and name == "graphs")):
-            raise ValueError(f"spec[{name!r}]: expected {'None (graphs on CUDA), ' if name == 'graphs' else ''}"
+            raise InputError(f"spec[{name!r}]: expected {'None (graphs on CUDA), ' if name == 'graphs' else ''}"
                              f"True or False, got {value!r} ({type(value).__name__})")
 
 

@@ -80,7 +80,7 @@ class CadenceSession(Session):
         spec = spec or {}
         graphs.check_options(spec.get("graphs"))
         if spec.get("capture", "ahead") not in ("ahead", "inline"):
-            raise ValueError(f"spec['capture']: expected 'ahead' or 'inline', got {spec['capture']!r}")
+            raise InputError(f"spec['capture']: expected 'ahead' or 'inline', got {spec['capture']!r}")
         self.model, self.device = model, next(model.parameters()).device
         self._clock = Turn(spec, seamless, max_frames=model.config.max_position_embeddings)
         c, most = self._clock.left_context, UNIT.policy.bound()

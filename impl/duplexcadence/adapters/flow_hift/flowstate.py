@@ -155,7 +155,7 @@ class CadenceBase(TokenSession):
 
     def __init__(self, model, capture: str, arena_backend: str):
         if capture not in ("ahead", "inline"):
-            raise ValueError(f"capture: expected 'ahead' or 'inline', got {capture!r}")
+            raise InputError(f"capture: expected 'ahead' or 'inline', got {capture!r}")
         self.inline = capture == "inline"
         if self.inline:
             self.capabilities = dataclasses.replace(self.capabilities, concurrent=False)
@@ -171,7 +171,7 @@ class CadenceBase(TokenSession):
         """Declare the flow regions (conformer last), allocate and map every bounded region (so no step maps memory,
         never inside a capture; a KeepAll region maps as it grows, in eager code), make the graph cache."""
         if graphs not in (None, True, False):
-            raise ValueError(f"graphs: expected None (on CUDA), True or False, got {graphs!r}")
+            raise InputError(f"graphs: expected None (on CUDA), True or False, got {graphs!r}")
         self.flow = FlowState(self.t2w, self.arena, self.specs, self.n_steps)
         self.arena.allocate()
         for name, region in self.arena.regions.items():
