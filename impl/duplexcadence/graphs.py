@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
@@ -319,18 +320,22 @@ class GraphCache:
             return self._capture(signature, step, replay=False) is not _FAILED
 
     def _capture(self, signature, step, replay: bool = True):
-        graph = torch.cuda.CUDAGraph()
-        try:
-            # one capture at a time, no device-wide call beside it (duplexcadence.gate; in its exclusive mode no
-            # other thread's CUDA work at all); thread_local: this thread's own unsafe calls are the only ones
-            # checked against it, so other threads launch, replay and allocate while it records
-            with gate.capture():
+        graph, exc = torch.cuda.CUDAGraph(), None
+        # one capture at a time, no device-wide call beside it (duplexcadence.gate; in its exclusive mode no
+        # other thread's CUDA work at all); thread_local: this thread's own unsafe calls are the only ones
+        # checked against it, so other threads launch, replay and allocate while it records
+        with gate.capture():
+            try:
                 prime_workspace(self.capture_stream)
                 before = torch.cuda.memory_reserved(self.device)
                 with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream,
                                       capture_error_mode="thread_local"), torch.no_grad():
                     outputs = step()
-        except Exception as exc:  # an uncapturable op: this signature runs eagerly from now on
+            except Exception as failure:  # an uncapturable op: this signature runs eagerly from now on
+                # the failed graph goes now, while no other capture runs (its traceback's frames hold it)
+                exc, graph = failure.with_traceback(None), None
+                end_generator_capture(self.capture_stream)
+        if exc is not None:
             self.stats.capture_failures += 1
             self.stats.failures.append(f"{signature!r}: {type(exc).__name__}: {exc}")
             self.eager_only.add(signature)
@@ -430,6 +435,20 @@ class WarmSet:
 
     def add(self, key) -> None:
         self._here().add(key)
+
+
+def end_generator_capture(stream) -> None:
+    """Take the device's default generator out of capture mode after a failed capture, inside the same
+    gate.capture(). Every capture registers that generator and sets it capturing (torch's
+    CUDAGraph::capture_begin); a capture whose end fails raises before its epilogue clears that, and until
+    another capture ends the generator refuses every eager draw and every replay of a graph that draws
+    ("Offset increment outside graph capture encountered unexpectedly"). An empty capture on `stream` runs
+    the epilogue; nothing is recorded or kept."""
+    empty = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # torch warns that the graph is empty
+        with torch.cuda.graph(empty, stream=stream, capture_error_mode="thread_local"):
+            pass
 
 
 def prime_workspace(stream) -> None:
