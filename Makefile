@@ -71,7 +71,7 @@ report: setup
 	$(PY) -m suite.report $(ARGS)
 
 test: setup ray
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 test-gpu: setup
 	@$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device visible')"

@@ -550,3 +550,15 @@ def test_quiescent_samples_record_the_most_cadence_sessions_open_at_once(monkeyp
                                                     most["open:all/cadence"]))
     assert "DuplexCadence sessions open at once" in stress.table({**rec, "verdict": "X"})
     assert rec["memory"]["flatness"]["rss_mib"]["flat"]
+
+
+def test_trim_heap_needs_quiescent_samples_and_is_recorded():
+    with pytest.raises(ValueError, match=r"^trim_heap: expected a bool, and quiesce_every > 0"):
+        quick([fake_target("plain")], trim_heap=True)
+    with pytest.raises(ValueError, match=r"^trim_heap: expected a bool"):
+        quick([fake_target("plain")], trim_heap="yes", quiesce_every=3)
+    rec = quick([fake_target("plain")], seconds=0.6, quiesce_every=3, threads=2, trim_heap=True)
+    assert rec["parameters"]["trim_heap"] is True
+    trimmed = rec["memory"]["quiescent"]["host"].get("rss_trimmed_mib")
+    if memory.HEAP_TRIMMABLE and rec["memory"]["quiescent"]["closes"]:
+        assert trimmed and all(isinstance(x, float) and x > 0 for x in trimmed), trimmed

@@ -273,3 +273,32 @@ def test_host_heap_sees_a_malloc_and_its_free():
     assert 63.0 < held - before < 66.0, (before, held)
     assert abs(after - before) < 2.0, (before, after)
     assert "pinned_mib" not in memory.host_heap_mib("cpu")
+
+
+@pytest.mark.skipif(not (memory.HEAP_TRIMMABLE and memory.HEAP_READABLE),
+                    reason="needs glibc (malloc_trim, mallinfo2) to hand the heap's free pages back")
+def test_trim_heap_hands_back_what_malloc_kept_after_a_free_and_the_sampler_records_it():
+    """64 MiB in 4 KiB blocks, freed but for the last (so free() cannot shrink the heap's top itself): RSS stays
+    up until trim_heap, which hands most of it back; a sampler with trim_heap records RSS after the trim in its
+    host part, beside the judged rss_mib read before it."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    memory.trim_heap()
+    blocks = [libc.malloc(4096) for _ in range(16384)]
+    for b in blocks:
+        ctypes.memset(b, 1, 4096)
+    for b in blocks[:-1]:
+        libc.free(b)
+    try:
+        kept = memory.rss_mib()
+        s = trend.MemorySampler("cpu")
+        s.trim_heap = True
+        s.sample_quiet(3, 0)
+        q = s.quiet_series()
+        after = q["host"]["rss_trimmed_mib"][0]
+        assert q["memory"]["rss_mib"][0] > after + 40.0, (q["memory"]["rss_mib"], after)
+        assert kept - after > 40.0, (kept, after)
+        assert set(trend.judge_quiet(q, window=8)) == {"rss_mib"}        # the trimmed series is not judged
+    finally:
+        libc.free(blocks[-1])

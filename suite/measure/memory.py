@@ -78,6 +78,30 @@ _MALLINFO2 = _mallinfo2()
 HEAP_READABLE = _MALLINFO2 is not None
 
 
+def _malloc_trim():
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_size_t]
+    return fn
+
+
+_MALLOC_TRIM = _malloc_trim()
+#: Whether this C library can hand malloc's free pages back to the kernel (glibc malloc_trim).
+HEAP_TRIMMABLE = _MALLOC_TRIM is not None
+
+
+def trim_heap() -> float | None:
+    """glibc `malloc_trim(0)`: the free memory malloc keeps in its arenas (host_heap_mib's heap_free_mib) goes back
+    to the kernel where whole pages are free; nothing still allocated moves. Returns RSS after it, MiB (None where
+    the C library has no malloc_trim or /proc is absent)."""
+    if _MALLOC_TRIM is None:
+        return None
+    _MALLOC_TRIM(0)
+    return rss_mib()
+
+
 def host_heap_mib(device=None) -> dict:
     """What the process's C heap holds now, MiB, read without changing it: "heap_in_use_mib", the bytes malloc
     has handed out and not had back (glibc mallinfo2: uordblks + hblkhd, every arena and mmapped chunk), and

@@ -107,7 +107,7 @@ def build_targets(names, device, *, depth="released", steps=None, prompt_seconds
 def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_units=12, device="cpu",
                window=trend.WINDOW, reference="shared", progress=True, hang_s=HANG_S, on_stress=None,
                memory_sites: bool = False, quiesce_every: int = 0, warm_up: bool = True,
-               trace_python: int = 0) -> dict:
+               trace_python: int = 0, trim_heap: bool = False) -> dict:
     """The stress on built `targets` and its record (without provenance): parameters, summary, per-kind rows,
     sessions, differences, exceptions, references, memory (samples, flatness, start / end, and the residue once
     everything closed: suite.measure.memory.residue, with allocation sites when `memory_sites` recorded them),
@@ -116,23 +116,28 @@ def stress_run(targets, *, modes=MODES, threads=16, seconds=600.0, seed=0, max_u
     docstring). warm_up: Stress.warm_up before the threads start (CUDA with "cadence" only). trace_python: with
     quiescent samples, trace Python's allocations from the threads' start to their end and record the lines
     whose bytes grew most over the judged window (trend.PythonSites; memory.python_sites, this many lines; 0:
-    off). Raises ValueError for an unknown mode or reference, or a quiesce_every that is no int >= 0, or a
-    trace_python that is no int >= 0 or is set without quiescent samples."""
+    off). trim_heap: at each quiescent sample, after reading it, hand malloc's free pages back to the kernel
+    and record RSS after (trend.MemorySampler.sample_quiet: host part "rss_trimmed_mib", not judged). Raises
+    ValueError for an unknown mode or reference, or a quiesce_every that is no int >= 0, or a trace_python that
+    is no int >= 0, or trace_python or trim_heap set without quiescent samples."""
     if isinstance(trace_python, bool) or not isinstance(trace_python, int) or trace_python < 0 \
             or (trace_python and not quiesce_every):
         raise ValueError(f"trace_python: expected an int >= 0 (0: off), and quiesce_every > 0 with it; got "
                          f"{trace_python!r} with quiesce_every {quiesce_every!r}")
+    if not isinstance(trim_heap, bool) or (trim_heap and not quiesce_every):
+        raise ValueError(f"trim_heap: expected a bool, and quiesce_every > 0 with True; got {trim_heap!r} with "
+                         f"quiesce_every {quiesce_every!r}")
     if any(m not in MODES for m in modes) or reference not in REFERENCES:
         raise ValueError(f"modes: expected a subset of {MODES}, reference one of {REFERENCES}; got {modes}, "
                          f"{reference!r}")
     with memory.allocation_history(torch.device(device), enabled=memory_sites) as history:
         return _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress,
                            hang_s, on_stress, history if memory_sites else None, quiesce_every, warm_up,
-                           trace_python)
+                           trace_python, trim_heap)
 
 
 def _stress_run(targets, modes, threads, seconds, seed, max_units, device, window, reference, progress, hang_s,
-                on_stress, history, quiesce_every, warm_up, trace_python) -> dict:
+                on_stress, history, quiesce_every, warm_up, trace_python, trim_heap) -> dict:
     stress = Stress(targets, modes, threads=threads, seconds=seconds, seed=seed, max_units=max_units,
                     device=device, progress=progress, hang_s=hang_s, quiesce_every=quiesce_every)
     facts, refs = {}, None
@@ -143,6 +148,7 @@ def _stress_run(targets, modes, threads, seconds, seed, max_units, device, windo
     if progress and facts["warm_up"]:
         print(f"  warm-up: {facts['warm_up']}", flush=True)
     before = len(stress.exceptions)
+    stress.sampler.trim_heap = trim_heap
     sites = stress.sampler.python_sites = trend.PythonSites(trace_python) if trace_python else None
     if sites is not None:
         sites.start()
@@ -158,7 +164,7 @@ def _stress_run(targets, modes, threads, seconds, seed, max_units, device, windo
                          "cuda_graphs_alive_after": alive(torch.cuda.CUDAGraph), "vmm_mapped_mib_after": vmm_mapped_mib()})
     params = {"workloads": [t.name for t in targets], "modes": list(modes), "threads": threads, "seconds": seconds,
               "seed": seed, "max_units": max_units, "window": window, "quiesce_every": quiesce_every,
-              "warm_up": warm_up, "trace_python": trace_python,
+              "warm_up": warm_up, "trace_python": trace_python, "trim_heap": trim_heap,
               "hang_s": hang_s, "reference": reference,
               "device": str(device), "specs": {t.name: t.spec for t in targets},
               "scripts": {t.name: [str(s.path) for s in t.scripts] for t in targets}}
@@ -327,7 +333,7 @@ def run(args: argparse.Namespace, command: list[str] | None = None) -> dict:
                                   reference=args.reference, progress=args.progress, hang_s=args.hang_s,
                                   on_stress=write, memory_sites=args.memory_sites,
                                   quiesce_every=args.quiesce_every, warm_up=args.warm_up,
-                                  trace_python=args.trace_python))
+                                  trace_python=args.trace_python, trim_heap=args.trim_heap))
     if args.progress:
         print(f"wrote {out / 'stress.json'}")
     print(table(record), flush=True)
@@ -392,6 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --quiesce-every: trace Python's allocations while the threads run (several times "
                         "slower: too few closes for a flatness verdict in a short run) and "
                         "record the N source lines whose bytes grew most over the judged window (0: off)")
+    p.add_argument("--trim-heap", action="store_true",
+                   help="with --quiesce-every: at each quiescent sample, after reading it, hand malloc's free pages "
+                        "back to the kernel (glibc malloc_trim) and record RSS after (not judged); the judged RSS "
+                        "then holds what malloc kept since the previous sample only")
     p.add_argument("--quiet", dest="progress", action="store_false")
     return p
 
@@ -406,6 +416,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.trace_python and not args.quiesce_every:
         parser.error(f"--trace-python: needs --quiesce-every K > 0 (the lines are read at quiescent samples), got "
                      f"--trace-python {args.trace_python} with --quiesce-every {args.quiesce_every}")
+    if args.trim_heap and not args.quiesce_every:
+        parser.error("--trim-heap: needs --quiesce-every K > 0 (the heap is trimmed at quiescent samples)")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         parser.error(f"--out: expected a folder (new or existing), got the file {args.out!r}")
     try:

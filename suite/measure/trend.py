@@ -40,7 +40,7 @@ import tracemalloc
 import numpy as np
 import torch
 
-from suite.measure.memory import MIB, DeviceMemory, host_heap_mib, library_caches, release_cached, rss_mib
+from suite.measure.memory import MIB, DeviceMemory, host_heap_mib, library_caches, release_cached, rss_mib, trim_heap
 
 WINDOW = 100            # cycles the target is stated over
 GROWTH_PCT = 2.0        # most growth over the window, % of its median
@@ -152,6 +152,7 @@ class MemorySampler:
         self.rows: list[dict] = []
         self.quiet: list[dict] = []
         self.python_sites: PythonSites | None = None     # set to trace Python's allocations at quiescent samples
+        self.trim_heap = False          # set to hand malloc's free pages back at each quiescent sample (sample_quiet)
 
     def now(self) -> dict:
         """Memory now, MiB: rss_mib, and on CUDA (after emptying torch's cache) alloc_mib, reserved_mib,
@@ -173,10 +174,16 @@ class MemorySampler:
     def sample_quiet(self, closes: int, open_sessions: int, high_water: dict | None = None) -> None:
         """One quiescent row: memory now, the closes before it, how many sessions were open (0 by the stress's
         construction; recorded so that a record shows it) and `high_water` (name -> the most sessions of a kind
-        open at once so far, not judged)."""
+        open at once so far, not judged). With `trim_heap` set, then memory.trim_heap and the host part's
+        "rss_trimmed_mib", RSS after it (not judged): the judged rss_mib is then read before each sample's trim,
+        so it holds what malloc kept since the previous sample only."""
         row = {**self.now(), "closes": int(closes), "open_sessions": int(open_sessions),
                "host": host_heap_mib(self.device), "caches": library_caches(self.device),
                "high_water": dict(high_water or {})}
+        if self.trim_heap:
+            trimmed = trim_heap()
+            if trimmed is not None:
+                row["host"]["rss_trimmed_mib"] = trimmed
         traced = self.python_sites.take(closes) if self.python_sites is not None else None
         if traced is not None:
             row["host"]["python_traced_mib"] = traced
