@@ -26,7 +26,7 @@ from torch_threads import torch_threads  # noqa: E402
 from duplexcadence import vmm  # noqa: E402
 from duplexcadence.errors import ConcurrencyError  # noqa: E402
 from duplexcadence.session import UnitOutput, to_pcm16  # noqa: E402
-from suite.measure import memory, stress, trend  # noqa: E402
+from suite.measure import heap, memory, stress, trend  # noqa: E402
 from suite.records import EXIT_INVALID, STRESS_SCHEMA  # noqa: E402
 from workloads.common import FORMATS, script_from_rows  # noqa: E402
 
@@ -328,10 +328,10 @@ def test_quiescent_samples_are_taken_with_no_session_open_and_find_what_closes_k
     assert honest["summary"]["parked_s"] > 0 and honest["invalid_reasons"] == [], honest["invalid_reasons"]
     assert "memory (quiescent samples)" in stress.table({**honest, "verdict": "X"})
     host = honest["memory"]["host_flatness"]
-    heap = {"heap_in_use_mib", "heap_free_mib"} if memory.HEAP_READABLE else set()
-    assert set(host) == heap
+    heap_parts = {"heap_in_use_mib", "heap_free_mib"} if heap.HEAP_READABLE else set()
+    assert set(host) == heap_parts
     rows = [line for line in stress.table({**honest, "verdict": "X"}).splitlines() if "(not judged)" in line]
-    assert len(rows) == len(heap) and all(r.rstrip().endswith("flat") for r in rows), rows   # flat / not flat
+    assert len(rows) == len(heap_parts) and all(r.rstrip().endswith("flat") for r in rows), rows   # flat / not flat
     assert not any("heap" in r for r in honest["invalid_reasons"])
     leaky = quick([fake_target("leaks", adapter=adapter_of(LeaksOnClose))], seconds=1.2, quiesce_every=3,
                   window=24, threads=4)
@@ -432,8 +432,8 @@ def test_a_growing_host_heap_is_reported_beside_the_verdict_and_does_not_change_
     monkeypatch.setattr(trend, "rss_mib", lambda: 3000.0)
     monkeypatch.setattr(trend, "host_heap_mib", lambda device=None: {"heap_in_use_mib": 1000.0 + 8.0 * next(grown)})
     rec = quick([fake_target("plain")], seconds=1.2, quiesce_every=3, window=24, threads=4)
-    heap = rec["memory"]["host_flatness"]["heap_in_use_mib"]
-    assert not heap["flat"] and heap["slope_mib_per_cycle"] > 0.5, heap     # 8 MiB per sample, a few closes apart
+    in_use = rec["memory"]["host_flatness"]["heap_in_use_mib"]
+    assert not in_use["flat"] and in_use["slope_mib_per_cycle"] > 0.5, in_use     # 8 MiB per sample, a few closes apart
     assert rec["memory"]["flatness"]["rss_mib"]["flat"] and not any("heap" in r for r in rec["invalid_reasons"])
 
 
@@ -560,5 +560,5 @@ def test_trim_heap_needs_quiescent_samples_and_is_recorded():
     rec = quick([fake_target("plain")], seconds=0.6, quiesce_every=3, threads=2, trim_heap=True)
     assert rec["parameters"]["trim_heap"] is True
     trimmed = rec["memory"]["quiescent"]["host"].get("rss_trimmed_mib")
-    if memory.HEAP_TRIMMABLE and rec["memory"]["quiescent"]["closes"]:
+    if heap.HEAP_TRIMMABLE and rec["memory"]["quiescent"]["closes"]:
         assert trimmed and all(isinstance(x, float) and x > 0 for x in trimmed), trimmed

@@ -8,7 +8,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from suite.measure import memory, trend
+from suite.measure import heap, memory, trend
 
 W = trend.WINDOW
 
@@ -241,9 +241,9 @@ def test_the_sampler_keeps_quiescent_rows_apart():
     assert q["closes"] == [5, 9] and q["open_sessions"] == [0, 0] and list(q["memory"]) == ["rss_mib"]
     assert len(s.series()["memory"]["rss_mib"]) == 1
     assert set(trend.judge_quiet(q, window=8)) == {"rss_mib"}
-    heap = {"heap_in_use_mib", "heap_free_mib"} if memory.HEAP_READABLE else set()
-    assert set(q["host"]) == heap and all(len(v) == 2 for v in q["host"].values())
-    assert set(trend.judge_quiet(q, window=8, part="host")) == heap
+    heap_parts = {"heap_in_use_mib", "heap_free_mib"} if heap.HEAP_READABLE else set()
+    assert set(q["host"]) == heap_parts and all(len(v) == 2 for v in q["host"].values())
+    assert set(trend.judge_quiet(q, window=8, part="host")) == heap_parts
     assert q["caches"] == {}                              # no per-shape library cache is read off CUDA
 
 
@@ -257,25 +257,25 @@ def test_a_host_part_near_zero_is_judged_against_one_mib_and_a_judged_series_is_
     assert not trend.judge_quiet(growing, window=40, part="host")["pinned_mib"]["flat"]
 
 
-@pytest.mark.skipif(not memory.HEAP_READABLE, reason="needs glibc >= 2.33 (mallinfo2) to read the C heap")
+@pytest.mark.skipif(not heap.HEAP_READABLE, reason="needs glibc >= 2.33 (mallinfo2) to read the C heap")
 def test_host_heap_sees_a_malloc_and_its_free():
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    before = memory.host_heap_mib()["heap_in_use_mib"]
+    before = heap.host_heap_mib()["heap_in_use_mib"]
     block = libc.malloc(64 * 2**20)
     try:
         ctypes.memset(block, 1, 64 * 2**20)
-        held = memory.host_heap_mib()["heap_in_use_mib"]
+        held = heap.host_heap_mib()["heap_in_use_mib"]
     finally:
         libc.free(block)
-    after = memory.host_heap_mib()["heap_in_use_mib"]
+    after = heap.host_heap_mib()["heap_in_use_mib"]
     assert 63.0 < held - before < 66.0, (before, held)
     assert abs(after - before) < 2.0, (before, after)
-    assert "pinned_mib" not in memory.host_heap_mib("cpu")
+    assert "pinned_mib" not in heap.host_heap_mib("cpu")
 
 
-@pytest.mark.skipif(not (memory.HEAP_TRIMMABLE and memory.HEAP_READABLE),
+@pytest.mark.skipif(not (heap.HEAP_TRIMMABLE and heap.HEAP_READABLE),
                     reason="needs glibc (malloc_trim, mallinfo2) to hand the heap's free pages back")
 def test_trim_heap_hands_back_what_malloc_kept_after_a_free_and_the_sampler_records_it():
     """64 MiB in 4 KiB blocks, freed but for the last (so free() cannot shrink the heap's top itself): RSS stays
@@ -284,7 +284,7 @@ def test_trim_heap_hands_back_what_malloc_kept_after_a_free_and_the_sampler_reco
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    memory.trim_heap()
+    heap.trim_heap()
     blocks = [libc.malloc(4096) for _ in range(16384)]
     for b in blocks:
         ctypes.memset(b, 1, 4096)

@@ -13,7 +13,6 @@ counters (`device_sample`) at open, after `prepare` and after some units, and th
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import gc
 import os
@@ -57,66 +56,6 @@ def rss_mib() -> float | None:
     """Current resident set size of this process, MiB (None where /proc is absent)."""
     kib = _status_kib("VmRSS")
     return None if kib is None else kib / 1024
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def _mallinfo2():
-    try:
-        fn = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype, fn.argtypes = _Mallinfo2, []
-    return fn
-
-
-_MALLINFO2 = _mallinfo2()
-#: Whether this C library lets host_heap_mib read the heap (glibc >= 2.33).
-HEAP_READABLE = _MALLINFO2 is not None
-
-
-def _malloc_trim():
-    try:
-        fn = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_size_t]
-    return fn
-
-
-_MALLOC_TRIM = _malloc_trim()
-#: Whether this C library can hand malloc's free pages back to the kernel (glibc malloc_trim).
-HEAP_TRIMMABLE = _MALLOC_TRIM is not None
-
-
-def trim_heap() -> float | None:
-    """glibc `malloc_trim(0)`: the free memory malloc keeps in its arenas (host_heap_mib's heap_free_mib) goes back
-    to the kernel where whole pages are free; nothing still allocated moves. Returns RSS after it, MiB (None where
-    the C library has no malloc_trim or /proc is absent)."""
-    if _MALLOC_TRIM is None:
-        return None
-    _MALLOC_TRIM(0)
-    return rss_mib()
-
-
-def host_heap_mib(device=None) -> dict:
-    """What the process's C heap holds now, MiB, read without changing it: "heap_in_use_mib", the bytes malloc
-    has handed out and not had back (glibc mallinfo2: uordblks + hblkhd, every arena and mmapped chunk), and
-    "heap_free_mib", the bytes free inside malloc's arenas that it keeps rather than returns to the kernel
-    (fordblks); on a CUDA `device` also "pinned_mib", the bytes torch's pinned host allocator holds
-    (torch.cuda.host_memory_stats "allocated_bytes.current", its cached blocks included). RSS rising while
-    heap_in_use_mib and pinned_mib stay flat is the allocator keeping freed memory, not something still
-    referenced. {} (or the pinned figure alone) where the C library has no mallinfo2 (glibc < 2.33, musl)."""
-    out = {}
-    if _MALLINFO2 is not None:
-        m = _MALLINFO2()
-        out = {"heap_in_use_mib": (m.uordblks + m.hblkhd) / MIB, "heap_free_mib": m.fordblks / MIB}
-    if device is not None and torch.device(device).type == "cuda":
-        out["pinned_mib"] = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) / MIB
-    return out
 
 
 def library_caches(device=None) -> dict:

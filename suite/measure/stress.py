@@ -46,7 +46,7 @@ threads (suite.measure.trend.RULE), or with --quiesce-every K on quiescent sampl
 each thread parks at its next draw until every thread has, and the sample is taken with no session open
 (trend.QUIET_RULE); the per-close samples and their fit stay in the record (memory.flatness_every_close), and
 summary.parked_s says how many thread-seconds the drains cost. Each quiescent sample also reads the C heap
-and torch's pinned host blocks (memory.host_heap_mib), fitted the same way into memory.host_flatness and the
+and torch's pinned host blocks (heap.host_heap_mib), fitted the same way into memory.host_flatness and the
 table's "(not judged)" rows: whether an RSS that rises is memory still in use or memory malloc keeps; and the
 entries of the libraries' per-shape caches (memory.library_caches: torch's cuFFT plans), which hold host memory
 for every new shape met until they fill; and (memory.quiescent.high_water) the most DuplexCadence sessions of each

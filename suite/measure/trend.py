@@ -26,7 +26,7 @@ K + T - 1 closes lie between two samples), memory is fitted on that number alone
 window - 1), the quarter medians and both bounds are judged as above. The per-close fit cannot tell a
 leak from open sessions that hold more state the further they are into their scripts (the counts say how
 many are open, not how far along); the quiescent fit has nothing to tell apart. Each quiescent sample also
-reads what the host side is made of (`memory.host_heap_mib`: the C heap's bytes in use and its free bytes kept,
+reads what the host side is made of (`heap.host_heap_mib`: the C heap's bytes in use and its free bytes kept,
 torch's pinned host blocks on CUDA), fitted the same way and recorded beside the verdict, not in it: an RSS
 that rises while the heap in use stays flat is the allocator keeping memory, one that rises with it is held.
 """
@@ -40,7 +40,8 @@ import tracemalloc
 import numpy as np
 import torch
 
-from suite.measure.memory import MIB, DeviceMemory, host_heap_mib, library_caches, release_cached, rss_mib, trim_heap
+from suite.measure.heap import host_heap_mib, trim_heap
+from suite.measure.memory import MIB, DeviceMemory, library_caches, release_cached, rss_mib
 
 WINDOW = 100            # cycles the target is stated over
 GROWTH_PCT = 2.0        # most growth over the window, % of its median
@@ -174,7 +175,7 @@ class MemorySampler:
     def sample_quiet(self, closes: int, open_sessions: int, high_water: dict | None = None) -> None:
         """One quiescent row: memory now, the closes before it, how many sessions were open (0 by the stress's
         construction; recorded so that a record shows it) and `high_water` (name -> the most sessions of a kind
-        open at once so far, not judged). With `trim_heap` set, then memory.trim_heap and the host part's
+        open at once so far, not judged). With `trim_heap` set, then heap.trim_heap and the host part's
         "rss_trimmed_mib", RSS after it (not judged): the judged rss_mib is then read before each sample's trim,
         so it holds what malloc kept since the previous sample only."""
         row = {**self.now(), "closes": int(closes), "open_sessions": int(open_sessions),
@@ -192,7 +193,7 @@ class MemorySampler:
 
     def quiet_series(self) -> dict:
         """{"closes": [closes before each quiescent sample], "open_sessions": [...], "memory": {name: [MiB]} (the
-        series the rule judges), "host": {name: [MiB]} (memory.host_heap_mib at each sample: what RSS is made of,
+        series the rule judges), "host": {name: [MiB]} (heap.host_heap_mib at each sample: what RSS is made of,
         not judged), "caches": {name: [entries]} (memory.library_caches: caches that grow with new shapes),
         "high_water": {name: [sessions]} (the most of a kind open at once before each sample)}."""
         parts_of = ("host", "caches", "high_water")
