@@ -382,7 +382,8 @@ def test_cli_writes_the_record_and_exits_non_zero_on_a_difference(tmp_path, monk
     (["--threads", "0"], "--threads"), (["--seconds", "inf"], "--seconds"), (["--window", "4"], "--window"),
     (["--device", "tpu"], "--device"), (["--quiesce-every", "-1"], "--quiesce-every"),
     (["--max-units", "0"], "--max-units"), (["--trace-python", "3"], "--trace-python"),
-    (["--trace-python", "-2", "--quiesce-every", "4"], "--trace-python"), (["--reference", "first"], "--reference")])
+    (["--trace-python", "-2", "--quiesce-every", "4"], "--trace-python"), (["--reference", "first"], "--reference"),
+    (["--trim-heap"], "--trim-heap")])
 def test_bad_arguments_exit_2_naming_the_flag(tmp_path, capsys, argv, flag):
     with pytest.raises(SystemExit) as exc:
         stress.main([*argv, "--out", str(tmp_path / "x")])
@@ -557,8 +558,11 @@ def test_trim_heap_needs_quiescent_samples_and_is_recorded():
         quick([fake_target("plain")], trim_heap=True)
     with pytest.raises(ValueError, match=r"^trim_heap: expected a bool"):
         quick([fake_target("plain")], trim_heap="yes", quiesce_every=3)
-    rec = quick([fake_target("plain")], seconds=0.6, quiesce_every=3, threads=2, trim_heap=True)
-    assert rec["parameters"]["trim_heap"] is True
+    rec = quick([fake_target("plain")], seconds=1.2, quiesce_every=3, threads=4, trim_heap=True)
+    closes = rec["memory"]["quiescent"]["closes"]
+    assert rec["parameters"]["trim_heap"] is True and len(closes) >= 2, closes
     trimmed = rec["memory"]["quiescent"]["host"].get("rss_trimmed_mib")
-    if heap.HEAP_TRIMMABLE and rec["memory"]["quiescent"]["closes"]:
-        assert trimmed and all(isinstance(x, float) and x > 0 for x in trimmed), trimmed
+    if heap.HEAP_TRIMMABLE:
+        assert trimmed and len(trimmed) == len(closes) and all(isinstance(x, float) and x > 0 for x in trimmed)
+    else:
+        assert trimmed is None
