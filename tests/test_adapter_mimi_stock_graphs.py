@@ -107,8 +107,8 @@ def test_speak_waits_for_other_threads_work_and_runs_alone(model, units, alone, 
         hold.join(LONG)
         t.join(LONG)
         assert spoke.is_set() and got == [alone[0]]
-        assert seen == [{"holders": 0, "waiting": 0, "capturing": True}]
-        assert gate.GATE.counts() == {"holders": 0, "waiting": 0, "capturing": False}
+        assert seen == [{"work": 0, "device_wide": 0, "waiting": 0, "capturing": True, "alone": True}]
+        assert gate.GATE.counts() == {"work": 0, "device_wide": 0, "waiting": 0, "capturing": False, "alone": False}
     finally:
         leave.set()
     session.close()

@@ -274,3 +274,38 @@ def test_cuda_prepared_graphs_replay_every_step_bit_exact_with_equal_generator_s
                 unit += 1
     for unit, (a, b) in enumerate(zip(ref, outs)):
         compare_units("stepaudio2-reduced-cuda", unit, a, b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: graph capture and replay")
+def test_cuda_prepare_waits_for_the_generator_lock_another_thread_holds():
+    """A capture of a step that draws registers the default generator: prepare waits while another thread holds
+    the generator lock (a session swapping its state in), captures once it is released, and the graphs then give
+    stock's bytes."""
+    import threading
+
+    from duplexcadence import rng as rng_mod
+
+    m = reduced_model("stepaudio2", device="cuda", n_timesteps=STEPS)
+    with fh.new_session(m, "stock") as s:
+        ref = run(s, turns=TURNS[:1])
+    with fh.new_session(m, "cadence") as cad:
+        holding, release, done = threading.Event(), threading.Event(), []
+
+        def holder():
+            with rng_mod.LOCK:
+                holding.set()
+                release.wait(30)
+
+        t = threading.Thread(target=holder, daemon=True)
+        t.start()
+        assert holding.wait(30)
+        p = threading.Thread(target=lambda: done.append(cad.prepare()), daemon=True)
+        p.start()
+        p.join(0.5)
+        assert p.is_alive() and done == []                  # waits for the lock, captures nothing meanwhile
+        release.set()
+        t.join(30), p.join(120)
+        assert done and done[0]["captures"] > 0 and done[0]["capture_failures"] == 0
+        outs = run(cad, turns=TURNS[:1])
+    for unit, (a, b) in enumerate(zip(ref, outs)):
+        compare_units("stepaudio2-reduced-cuda", unit, a, b)

@@ -1,4 +1,5 @@
-"""duplexcadence.gate: shared work() against exclusive capture(), on host threads (CPU: no device needed).
+"""duplexcadence.gate: work(), device_wide() and capture() holds on host threads (CPU: no device needed). The
+exclusive mode's tests first (every capture alone), then the concurrent mode's (work runs beside a capture).
 
 Every test uses its own CaptureGate, threads that signal with Events, and timeouts, so a deadlock fails the
 test instead of hanging it. A short `Event.wait(SHORT)` that must time out is the check that a thread is still
@@ -14,7 +15,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from duplexcadence import gate
+from duplexcadence import gate, graphs
 from duplexcadence.adapters import mimi
 from duplexcadence.adapters.mimi import schedule as ms
 from duplexcadence.gate import CaptureGate, OuterLock
@@ -43,7 +44,7 @@ def until(condition) -> None:
 
 
 def test_a_capture_waits_for_work_in_progress_and_runs_alone():
-    g, log = CaptureGate(), []
+    g, log = CaptureGate("exclusive"), []
     in_work, finish_work = threading.Event(), threading.Event()
     captured = threading.Event()
 
@@ -64,12 +65,12 @@ def test_a_capture_waits_for_work_in_progress_and_runs_alone():
     assert not captured.wait(SHORT)                       # blocked while the other thread works
     finish_work.set()
     assert joined(*threads) and captured.is_set()
-    assert log == ["work ends", ("capture", {"holders": 0, "waiting": 0, "capturing": True})]
-    assert g.counts() == {"holders": 0, "waiting": 0, "capturing": False}
+    assert log == ["work ends", ("capture", {"work": 0, "device_wide": 0, "waiting": 0, "capturing": True, "alone": True})]
+    assert g.counts() == {"work": 0, "device_wide": 0, "waiting": 0, "capturing": False, "alone": False}
 
 
 def test_work_entered_while_a_capture_waits_blocks_until_the_capture_ends():
-    g, log = CaptureGate(), []
+    g, log = CaptureGate("exclusive"), []
     in_work, finish_work, finish_capture = threading.Event(), threading.Event(), threading.Event()
     late_in = threading.Event()
 
@@ -103,7 +104,7 @@ def test_work_entered_while_a_capture_waits_blocks_until_the_capture_ends():
 
 
 def test_work_is_reentrant_even_while_a_capture_waits():
-    g = CaptureGate()
+    g = CaptureGate("exclusive")
     outer, go_inner, inner = threading.Event(), threading.Event(), threading.Event()
     captured = threading.Event()
 
@@ -114,7 +115,7 @@ def test_work_is_reentrant_even_while_a_capture_waits():
             with g.work():                               # a nested entry never waits for the capture
                 with g.work():
                     inner.set()
-            assert g.counts()["holders"] == 1
+            assert g.counts()["work"] == 1
 
     def capturer():
         with g.capture():
@@ -129,7 +130,7 @@ def test_work_is_reentrant_even_while_a_capture_waits():
 
 
 def test_two_threads_capturing_from_inside_their_own_work_do_not_deadlock():
-    g, both_in_work, lock = CaptureGate(), threading.Barrier(2, timeout=LONG), threading.Lock()
+    g, both_in_work, lock = CaptureGate("exclusive"), threading.Barrier(2, timeout=LONG), threading.Lock()
     active, seen, after = [0], [], []
 
     def session():
@@ -143,15 +144,15 @@ def test_two_threads_capturing_from_inside_their_own_work_do_not_deadlock():
                     pass
                 with lock:
                     active[0] -= 1
-            after.append(g.counts()["holders"] >= 1)     # its hold is back after the capture
+            after.append(g.counts()["work"] >= 1)     # its hold is back after the capture
 
     assert joined(start(session), start(session))
     assert seen == [1, 1] and after == [True, True]
-    assert g.counts() == {"holders": 0, "waiting": 0, "capturing": False}
+    assert g.counts() == {"work": 0, "device_wide": 0, "waiting": 0, "capturing": False, "alone": False}
 
 
 def test_synchronize_waits_for_a_capture_in_progress(monkeypatch):
-    g, log = CaptureGate(), []
+    g, log = CaptureGate("exclusive"), []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("synchronize", str(device))))
     capturing, finish_capture, synced = threading.Event(), threading.Event(), threading.Event()
 
@@ -176,7 +177,7 @@ def test_synchronize_waits_for_a_capture_in_progress(monkeypatch):
 
 
 def test_exceptions_inside_work_and_capture_release_the_gate():
-    g, raised = CaptureGate(), []
+    g, raised = CaptureGate("exclusive"), []
 
     def failing():                                       # on a thread: a gate left held hangs it, not the test
         for outer, inner, exc in ((g.work, g.work, ValueError), (g.work, g.capture, KeyError),
@@ -189,7 +190,7 @@ def test_exceptions_inside_work_and_capture_release_the_gate():
 
     assert joined(start(failing))
     assert raised[:2] == ["ValueError", "KeyError"] and "do not nest" in raised[2]
-    assert g.counts() == {"holders": 0, "waiting": 0, "capturing": False}
+    assert g.counts() == {"work": 0, "device_wide": 0, "waiting": 0, "capturing": False, "alone": False}
     ran = threading.Event()
 
     def other():                                         # another thread captures and works afterwards
@@ -204,7 +205,7 @@ def test_exceptions_inside_work_and_capture_release_the_gate():
 def test_a_model_lock_taken_inside_work_waits_outside_it():
     # A holds the model lock and captures (GraphCache.capture's order); B, inside work(), wants the lock. With
     # B's hold kept while it waited, A's capture would wait for B and B for A.
-    g = CaptureGate()
+    g = CaptureGate("exclusive")
     lock = OuterLock(g)
     a_locked, b_waiting = threading.Event(), threading.Event()
     log = []
@@ -222,11 +223,226 @@ def test_a_model_lock_taken_inside_work_waits_outside_it():
             b_waiting.set()
             with lock:
                 log.append("b has the lock")
-            assert g.counts()["holders"] == 1             # its hold is back
+            assert g.counts()["work"] == 1             # its hold is back
 
     assert joined(start(a), start(b)) and log == ["a captures", "b has the lock"]
     assert lock.acquire(blocking=False)
     lock.release()
+
+
+# --- the concurrent mode: work beside a capture, device-wide calls and global-mode captures not -------
+def test_concurrent_mode_work_runs_beside_a_capture_in_progress():
+    g = CaptureGate("concurrent")
+    in_work, finish_work, captured, finish_capture = (threading.Event() for _ in range(4))
+    late_in = threading.Event()
+
+    def worker():
+        with g.work():
+            in_work.set()
+            finish_work.wait(LONG)
+
+    def capturer():
+        with g.capture():
+            captured.set()
+            finish_capture.wait(LONG)
+
+    def late():
+        with g.work():
+            late_in.set()
+
+    a = start(worker)
+    in_work.wait(LONG)
+    b = start(capturer)
+    assert captured.wait(LONG)                           # no wait for the work in progress
+    assert g.counts() == {"work": 1, "device_wide": 0, "waiting": 0, "capturing": True, "alone": False}
+    c = start(late)
+    assert late_in.wait(LONG)                            # new work enters while the capture runs
+    finish_work.set()
+    finish_capture.set()
+    assert joined(a, b, c)
+    assert g.counts() == {"work": 0, "device_wide": 0, "waiting": 0, "capturing": False, "alone": False}
+
+
+def test_concurrent_mode_a_capture_and_device_wide_calls_exclude_each_other(monkeypatch):
+    g, log = CaptureGate("concurrent"), []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("synchronize"))
+    in_wide, finish_wide, captured, finish_capture, synced = (threading.Event() for _ in range(5))
+
+    def wide():
+        with g.work(), g.device_wide():                  # a close: its device-wide part inside its work
+            in_wide.set()
+            finish_wide.wait(LONG)
+            log.append("wide ends")
+
+    def capturer():
+        with g.capture():
+            log.append("capture starts")
+            captured.set()
+            finish_capture.wait(LONG)
+            log.append("capture ends")
+
+    def syncer():
+        g.synchronize("cuda:0")
+        synced.set()
+
+    a = start(wide)
+    in_wide.wait(LONG)
+    b = start(capturer)
+    until(lambda: g.counts()["waiting"] == 1)
+    assert not captured.wait(SHORT)                      # the capture waits for the device-wide stretch
+    c = start(syncer)
+    assert not synced.wait(SHORT)                        # writer preference: no new device-wide call
+    finish_wide.set()
+    assert captured.wait(LONG) and not synced.wait(SHORT)   # nor while it runs
+    finish_capture.set()
+    assert joined(a, b, c)
+    assert log == ["wide ends", "capture starts", "capture ends", "synchronize"]
+
+
+def test_concurrent_mode_a_capture_alone_waits_for_work_and_holds_it_back():
+    g = CaptureGate("concurrent")
+    in_work, finish_work, captured, finish_capture, late_in = (threading.Event() for _ in range(5))
+
+    def worker():
+        with g.work():
+            in_work.set()
+            finish_work.wait(LONG)
+
+    def capturer():
+        with g.capture(alone=True):
+            captured.set()
+            finish_capture.wait(LONG)
+
+    def late():
+        with g.work():
+            late_in.set()
+
+    a = start(worker)
+    in_work.wait(LONG)
+    b = start(capturer)
+    until(lambda: g.counts()["waiting"] == 1)
+    assert not captured.wait(SHORT)
+    c = start(late)
+    assert not late_in.wait(SHORT)
+    finish_work.set()
+    assert captured.wait(LONG) and g.counts()["alone"] and not late_in.wait(SHORT)
+    finish_capture.set()
+    assert joined(a, b, c) and late_in.is_set()
+
+
+def test_concurrent_mode_a_thread_in_work_wanting_device_wide_lets_a_waiting_capture_alone_run():
+    # B holds work() and wants device_wide() while A waits to capture alone: kept, B's hold would block A and
+    # A's wait B (device_wide waits for waiting captures). B waits with no hold; A runs; then B goes on.
+    g, log = CaptureGate("concurrent"), []
+    b_in_work, go = threading.Event(), threading.Event()
+
+    def a():
+        b_in_work.wait(LONG)
+        with g.capture(alone=True):
+            log.append("a captures")
+            go.set()
+
+    def b():
+        with g.work():
+            b_in_work.set()
+            until(lambda: g.counts()["waiting"] == 1)
+            with g.device_wide():
+                log.append("b device-wide")
+                assert g.counts()["work"] == 1 and g.counts()["device_wide"] == 1
+            assert g.counts()["work"] == 1 and g.counts()["device_wide"] == 0
+
+    assert joined(start(a), start(b)) and log == ["a captures", "b device-wide"]
+    assert g.counts() == {"work": 0, "device_wide": 0, "waiting": 0, "capturing": False, "alone": False}
+
+
+def test_captures_run_one_at_a_time_in_the_concurrent_mode():
+    g, lock, active, seen = CaptureGate("concurrent"), threading.Lock(), [0], []
+    barrier = threading.Barrier(3, timeout=LONG)
+
+    def capturer():
+        barrier.wait()
+        for _ in range(20):
+            with g.capture():
+                with lock:
+                    active[0] += 1
+                    seen.append(active[0])
+                time.sleep(0.001)
+                with lock:
+                    active[0] -= 1
+
+    assert joined(*[start(capturer) for _ in range(3)]) and seen == [1] * 60
+
+
+def test_mode_from_the_environment_and_set_mode(monkeypatch):
+    monkeypatch.setenv(gate.ENV, "exclusive")
+    assert CaptureGate().mode == "exclusive"
+    monkeypatch.setenv(gate.ENV, "sometimes")
+    with pytest.raises(ValueError, match="sometimes"):
+        CaptureGate()
+    monkeypatch.delenv(gate.ENV)
+    g = CaptureGate()
+    assert g.mode == "concurrent"
+    with g.work():
+        with pytest.raises(RuntimeError, match="in use"):
+            g.set_mode("exclusive")
+    g.set_mode("exclusive")
+    assert g.mode == "exclusive"
+    with pytest.raises(ValueError):
+        g.set_mode("global")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a capture beside another thread's work")
+def test_cuda_another_thread_launches_allocates_and_copies_while_a_capture_records(monkeypatch):
+    """The concurrent mode's claim on a device: while the main thread records (GraphCache.capture), a worker on
+    its own leased stream runs matmuls, allocates and copies to the host; the step waits inside the capture
+    until the worker has finished two more such rounds (in the exclusive mode it never would: the test fails).
+    No capture fails, every worker round gives the eager bytes, and each graph replays the eager result."""
+    monkeypatch.setattr(gate.GATE, "mode", "concurrent")
+    dev = torch.device("cuda")
+    x = torch.randn(256, 256, device=dev, generator=torch.Generator(dev).manual_seed(0))
+    expected = (x @ x).cpu()
+    stop, rounds, errors = threading.Event(), [], []
+
+    def worker():
+        stream = graphs.STREAMS.acquire(dev)
+        try:
+            with torch.cuda.stream(stream):
+                while not stop.is_set():
+                    with gate.work():
+                        y = x @ x
+                        torch.empty(1 << 20, device=dev)
+                        rounds.append(torch.equal(y.cpu(), expected))
+        except Exception as exc:                         # noqa: BLE001 - asserted below
+            errors.append(exc)
+        finally:
+            stream.synchronize()
+            graphs.STREAMS.release(stream)
+
+    cache = graphs.GraphCache(dev, enabled=True, inline=False)
+    a = torch.randn(128, 128, device=dev, generator=torch.Generator(dev).manual_seed(1))
+    aa = a @ a                                           # this thread's cuBLAS set-up, before any capture
+    t = start(worker)
+    try:
+        until(lambda: len(rounds) >= 1)
+        for k in range(8):
+            def step(k=k):
+                n = len(rounds)
+                deadline = time.monotonic() + LONG
+                while len(rounds) < n + 2 and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                assert len(rounds) >= n + 2, "the worker did not run beside the capture"
+                return a @ a + k
+            assert cache.capture(("beside", k), step)
+            torch.cuda.current_stream().synchronize()
+            out = cache.run(("beside", k), step)
+            torch.cuda.synchronize()
+            assert torch.equal(out, aa + k)
+    finally:
+        stop.set()
+        t.join(LONG)
+    assert errors == [] and rounds and all(rounds)
+    assert cache.stats.captures == 8 and cache.stats.capture_failures == 0, cache.stats.failures
+    cache.drop()
 
 
 # --- an adapter's device work runs inside work() ----------------------------------------------------

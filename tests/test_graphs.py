@@ -404,6 +404,32 @@ def test_cuda_capture_records_without_running_and_replay_runs():
 
 
 @needs_cuda
+def test_cuda_a_failed_capture_leaves_the_default_generator_drawing_and_the_next_capture_working():
+    """A step that reads a value back to the host cannot be captured: the capture fails, is counted and the
+    signature stays eager; the device's default generator, which every capture registers, is out of capture
+    mode again at once (an eager draw from it works; a generator of the test's own draws what it drew before),
+    and the next capture of another signature succeeds and replays."""
+    x = torch.zeros(16, device="cuda")
+    cache = GraphCache("cuda", inline=False)
+
+    def reads_back():
+        return float(x.sum())                            # a host read: illegal while capturing
+
+    assert cache.capture(signature("read", 16), reads_back) is False
+    assert cache.stats.capture_failures == 1 and signature("read", 16) in cache.eager_only, cache.stats.failures
+    gen = torch.Generator("cuda").manual_seed(3)
+    want = torch.rand(8, device="cuda", generator=gen).cpu()
+    torch.rand(8, device="cuda")                         # the default generator: refused if still capturing
+    sig, step = signature("add_one", 16), _add_one(x)
+    assert cache.capture(sig, step) is True
+    cache.run(sig, step)
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(16))
+    assert torch.equal(torch.rand(8, device="cuda", generator=gen.manual_seed(3)).cpu(), want)
+    cache.drop()
+
+
+@needs_cuda
 def test_cuda_inline_false_runs_an_uncaptured_step_eagerly_and_counts_it():
     x = torch.zeros(16, device="cuda")
     cache = GraphCache("cuda", inline=False)

@@ -193,3 +193,67 @@ def test_graphs_and_strict_take_a_bool_not_a_truthy_value(models, name, kw):
     with pytest.raises(ValueError, match=rf"^spec\[{list(kw)[0]!r}\]: expected .*True or False, got "):
         models[name].session("cadence", **kw)
     models[name].session("cadence", graphs=False).close()
+
+
+@pytest.mark.parametrize("name, kw, match", [
+    ("moshi", {"arena_backend": "malloc"}, r"^arena_backend: expected 'auto', 'cpu', 'prealloc' or 'vmm', got 'malloc'"),
+    ("moshi", {"arena_backend": "vmm"}, r"^arena_backend: 'vmm' does not match device cpu"),
+    ("moshi", {"capture": "later"}, r"^spec\['capture'\]: expected one of"),
+    ("moshi", {"graphs": "yes"}, r"^spec\['graphs'\]: expected None \(graphs on CUDA\), True or False, got 'yes'"),
+    ("qwen3_omni", {"arena_backend": "prealloc"}, r"^arena_backend: 'prealloc' does not match device cpu"),
+    ("qwen3_omni", {"capture": "later"}, r"^spec\['capture'\]: expected 'ahead' or 'inline', got 'later'"),
+    ("qwen3_omni", {"left_context": 0}, r"^spec\['left_context'\]: expected an int in \[1, "),
+    ("minicpmo45", {"arena_backend": "malloc"}, r"^arena_backend: expected"),
+    ("minicpmo45", {"noise": "pink"}, r"^noise: expected one of"),
+    ("minicpmo45", {"capture": "later"}, r"^capture: expected 'ahead' or 'inline', got 'later'"),
+    ("minicpmo45", {"strict": 1}, r"^spec\['strict'\]: expected True or False, got 1"),
+    ("stepaudio2_mini", {"arena_backend": "malloc"}, r"^arena_backend: expected"),
+    ("stepaudio2_mini", {"graphs": 0}, r"^spec\['graphs'\]: expected None"),
+])
+def test_a_bad_session_option_value_is_an_input_error_naming_it(models, name, kw, match):
+    """The value of an option a cadence session takes, refused with the option's name before anything is
+    allocated; the model's next session opens as before."""
+    with pytest.raises(InputError, match=match):
+        models[name].session("cadence", **kw)
+    models[name].session("cadence").close()
+
+
+@pytest.mark.parametrize("name", ["moshi", "qwen3_omni", "minicpmo45", "stepaudio2_mini"])
+def test_an_unknown_mode_is_an_input_error_naming_the_modes(models, name):
+    with pytest.raises(InputError, match=r"^mode: expected one of \("):
+        models[name].session("fast")
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({}, r"voice_prompt is required"),
+    ({"voice_prompt": VOICE, "n_timesteps": 0}, r"^n_timesteps: expected an int in \[1, 16\]"),
+    ({"voice_prompt": VOICE, "prompt_seconds": -1}, r"^spec\['prompt_seconds'\]: expected None"),
+])
+def test_open_model_refuses_a_missing_voice_or_a_bad_step_count_as_input_errors(kw, match):
+    with pytest.raises(InputError, match=match):
+        runtime.open_model("minicpmo45", device="cpu", depth="reduced", **kw)
+
+
+@pytest.mark.parametrize("name, bad, good", [("moshi", 14, 2), ("qwen3_omni", 14, 2), ("minicpmo45", 26, 25),
+                                             ("stepaudio2_mini", 26, 25)])
+def test_clocks_compare_by_value_and_a_refused_unit_leaves_them_equal(models, name, bad, good):
+    """Two copies of a session's clocks are equal until one advances; a unit its clocks refuse leaves them equal
+    to a copy taken before; repr names every host clock."""
+    session = models[name].session("cadence")
+    try:
+        session.start_turn()
+        before = session.clocks()
+        assert before == session.clocks() and before is not session.clocks() and repr(before) == repr(session.clocks())
+        with pytest.raises(InputError):
+            before.copy().unit(bad)
+        with pytest.raises(InputError):
+            session.signatures(bad)
+        assert session.clocks() == before
+        after = before.copy()
+        after.unit(good)
+        assert after != before and after != "clocks" and type(before).__name__ in repr(before)
+        assert all(f"{k}=" in repr(after) for k in after.host())
+        with pytest.raises(TypeError):
+            hash(before)
+    finally:
+        session.close()

@@ -89,6 +89,21 @@ def test_nola_failure_raises_as_torch():
         istft.istft(spec, 16, 4, window, istft.envelope(window, 16, 4, 5))
 
 
+def test_bad_arguments_are_value_errors_that_say_what_was_expected():
+    """Checked with `if` and raised (an `assert` would vanish under python -O): the envelope's n_fft, hop and
+    window, istft's spec and window, and a stand-in's sample count."""
+    window, spec = hann(16), random_spec(torch.Generator().manual_seed(2), 16, 6, 1, "cpu")
+    env = istft.envelope(window, 16, 4, 6)
+    for args in ((window, 1, 1, 6), (window, 16, 0, 6), (window, 16, 17, 6), (hann(8), 16, 4, 6)):
+        with pytest.raises(ValueError, match=r"^envelope: expected n_fft >= 2, 0 < hop <= n_fft and a window"):
+            istft.envelope(*args)
+    for bad_spec, bad_window in ((spec.real, window), (spec[:, :5], window), (spec, hann(8))):
+        with pytest.raises(ValueError, match=r"^istft: expected a complex spec \[C, 9, frames\]"):
+            istft.istft(bad_spec, 16, 4, bad_window, env)
+    with pytest.raises(ValueError, match=r"^samples: expected a multiple of the hop \(4\), got 6"):
+        istft.StockIstft({"n_fft": 16, "hop_len": 4}, window).for_samples(6)
+
+
 @pytest.mark.parametrize("variant", facts.VARIANTS)
 def test_a_session_makes_each_envelope_once_outside_its_steps(variant):
     """A turn of full units and a final flush: `envelope` runs once per distinct frame count, never while a step

@@ -216,6 +216,15 @@ def test_provenance_fields():
     load = prov["device"]["load_avg"]          # host contention beside a host-bound measurement
     assert load is None or (len(load) == 3 and all(x >= 0 for x in load))
     assert len(prov["impl_tree"]) == 40
+    assert prov["capture_gate"] in ("concurrent", "exclusive")
+
+
+def test_provenance_names_the_capture_gate_mode(monkeypatch):
+    from duplexcadence import gate
+    monkeypatch.setattr(gate.GATE, "mode", "exclusive")
+    assert env.provenance([])["capture_gate"] == "exclusive"
+    monkeypatch.setattr(gate.GATE, "mode", "concurrent")
+    assert env.provenance([])["capture_gate"] == "concurrent"
 
 
 def test_dirty_rules():

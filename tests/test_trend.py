@@ -148,7 +148,7 @@ def test_a_cuda_sample_empties_the_cache_only_while_no_capture_runs(monkeypatch)
     finish.set()
     a.join(10), b.join(10)
     assert sampled.is_set() and log[0] == "capture ends" and "synchronize" in log
-    assert log[-1] == ("empty_cache", {"holders": 1, "waiting": 0, "capturing": False})
+    assert log[-1] == ("empty_cache", {"work": 0, "device_wide": 1, "waiting": 0, "capturing": False, "alone": False})
     assert sampler.series()["memory"]["driver_used_mib"] == [1.0]
     log.clear()
     memory.release_cached("cpu")                          # off CUDA: nothing

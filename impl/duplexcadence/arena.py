@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from duplexcadence.errors import InputError
+
 ALIGN = 256          # bytes: every region starts on a 256-byte boundary (cudaMalloc's alignment)
 
 
@@ -63,8 +65,10 @@ def _itemsize(dtype: torch.dtype) -> int:
 class Arena:
     """Per-session block of memory holding every region of the session at a stable address.
 
-    Declare regions (`declare`), then `allocate()` once. device: where the block lives; backend:
-    "auto" (vmm on CUDA when the driver supports it, else prealloc; cpu on CPU), "prealloc", "vmm", "cpu".
+    Declare regions (`declare`), then `allocate()` once. device: where the block lives; backend (a session's
+    `arena_backend` option): "auto" (vmm on CUDA when the driver supports it, else prealloc; cpu on CPU),
+    "prealloc", "vmm", "cpu". Raises InputError naming `arena_backend` for another backend or one that does not
+    fit the device.
     """
 
     def __init__(self, device: str | torch.device = "cpu", backend: str = "auto", name: str = "session"):
@@ -75,9 +79,10 @@ class Arena:
             backend = "cpu" if self.device.type == "cpu" else ("vmm" if _vmm_supported(self.device)
                                                               else "prealloc")
         if backend not in ("cpu", "prealloc", "vmm"):
-            raise ArenaError(f"backend: expected auto|cpu|prealloc|vmm, got {backend!r}")
+            raise InputError(f"arena_backend: expected 'auto', 'cpu', 'prealloc' or 'vmm', got {backend!r}")
         if (backend == "cpu") != (self.device.type == "cpu"):
-            raise ArenaError(f"backend {backend!r} does not match device {self.device}")
+            raise InputError(f"arena_backend: {backend!r} does not match device {self.device} ('cpu' is for the "
+                             f"CPU, 'prealloc' and 'vmm' for CUDA)")
         self.backend = backend
         self.name = name
         self.regions: dict[str, Region] = {}

@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
@@ -43,6 +44,7 @@ from typing import Callable, Hashable
 import torch
 
 from duplexcadence import gate
+from duplexcadence.errors import InputError
 
 
 class StreamLeases:
@@ -194,10 +196,10 @@ class GraphEntry:
 
 def check_options(graphs, strict=False) -> None:
     """A session's `graphs` (None: on CUDA) and `strict` options, checked before it allocates anything. Raises
-    ValueError naming the option for anything but a bool (or None for graphs)."""
+    InputError naming the option for anything but a bool (or None for graphs)."""
     for name, value in (("graphs", graphs), ("strict", strict)):
         if not (isinstance(value, bool) or (value is None and name == "graphs")):
-            raise ValueError(f"spec[{name!r}]: expected {'None (graphs on CUDA), ' if name == 'graphs' else ''}"
+            raise InputError(f"spec[{name!r}]: expected {'None (graphs on CUDA), ' if name == 'graphs' else ''}"
                              f"True or False, got {value!r} ({type(value).__name__})")
 
 
@@ -212,7 +214,7 @@ class GraphCache:
     (default the signature itself; e.g. `lambda s: s.step` warms a whole step family with one eager run,
     after which every signature of that family can be captured ahead); lock: a context manager (the model's
     runtime.model_lock, a gate.OuterLock) held around every eager run and capture, None = no lock. Every call
-    runs inside gate.work(); a capture inside gate.capture() (alone in the process).
+    runs inside gate.work(); a capture inside gate.capture(), freeing the graphs (`drop`) inside gate.device_wide().
     inline: True captures a new signature inside `run` (after its warm-up); False never captures there:
     an uncaptured signature runs eagerly and counts as an eager fallback, and graphs come only from
     `capture` (ahead of time, outside any timed unit).
@@ -318,17 +320,22 @@ class GraphCache:
             return self._capture(signature, step, replay=False) is not _FAILED
 
     def _capture(self, signature, step, replay: bool = True):
-        graph = torch.cuda.CUDAGraph()
-        try:
-            # alone in the process (duplexcadence.gate: no other thread's CUDA work meets the capture); thread_local:
-            # this thread's own unsafe calls are the only ones checked against it
-            with gate.capture():
+        graph, exc = torch.cuda.CUDAGraph(), None
+        # one capture at a time, no device-wide call beside it (duplexcadence.gate; in its exclusive mode no
+        # other thread's CUDA work at all); thread_local: this thread's own unsafe calls are the only ones
+        # checked against it, so other threads launch, replay and allocate while it records
+        with gate.capture():
+            try:
                 prime_workspace(self.capture_stream)
                 before = torch.cuda.memory_reserved(self.device)
                 with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream,
                                       capture_error_mode="thread_local"), torch.no_grad():
                     outputs = step()
-        except Exception as exc:  # an uncapturable op: this signature runs eagerly from now on
+            except Exception as failure:  # an uncapturable op: this signature runs eagerly from now on
+                # the failed graph goes now, while no other capture runs (its traceback's frames hold it)
+                exc, graph = failure.with_traceback(None), None
+                end_generator_capture(self.capture_stream)
+        if exc is not None:
             self.stats.capture_failures += 1
             self.stats.failures.append(f"{signature!r}: {type(exc).__name__}: {exc}")
             self.eager_only.add(signature)
@@ -351,7 +358,8 @@ class GraphCache:
         """Free every graph of this cache now (a closing session): entries and pool references go, so the
         pool's blocks return to the allocator once no other reference holds them."""
         self.closed = True
-        self.entries.clear()
+        with gate.device_wide():
+            self.entries.clear()
         self.eager_only.clear()
         self.pool = None
 
@@ -427,6 +435,20 @@ class WarmSet:
 
     def add(self, key) -> None:
         self._here().add(key)
+
+
+def end_generator_capture(stream) -> None:
+    """Take the device's default generator out of capture mode after a failed capture, inside the same
+    gate.capture(). Every capture registers that generator and sets it capturing (torch's
+    CUDAGraph::capture_begin); a capture whose end fails raises before its epilogue clears that, and until
+    another capture ends the generator refuses every eager draw and every replay of a graph that draws
+    ("Offset increment outside graph capture encountered unexpectedly"). An empty capture on `stream` runs
+    the epilogue; nothing is recorded or kept."""
+    empty = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # torch warns that the graph is empty
+        with torch.cuda.graph(empty, stream=stream, capture_error_mode="thread_local"):
+            pass
 
 
 def prime_workspace(stream) -> None:

@@ -73,7 +73,7 @@ class OpenModel:
     def session(self, mode: str = "cadence", **options):
         """A new session (duplexcadence.session.Session) in `mode` ("stock", "cadence", or another of the
         adapter's MODES). options: the adapter's session options for that mode (`adapter.session_options`).
-        Raises ValueError for an unknown mode, InputError naming an option the mode does not take."""
+        Raises InputError for an unknown mode or an option the mode does not take, or a bad value of one."""
         known = self.adapter.session_options(self.native, mode)
         unknown = sorted(set(options) - set(known))
         if unknown:
@@ -105,7 +105,7 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
     `checkpoint=DIR_OR_FILE` in the released layout. depth: "released" or "reduced" (the same classes,
     fewer layers: CPU tests). spec: the model's options (voice_prompt=WAV path for the flow-matching
     decoders, n_timesteps, prompt_seconds, dtype, ...: the adapter's MODEL_OPTIONS). Raises KeyError naming the
-    known models, ValueError naming a missing required option and InputError for an option the model does not
+    known models, and InputError naming a missing required option, or for an option the model does not
     take (or one its entry fixes, such as the variant), a path option that is not a path, a device this machine
     lacks (check_device) or a seed that is not an int in [0, SEED_MAX]."""
     if not isinstance(name, str) or name not in MODELS:
@@ -113,7 +113,7 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
     entry = MODELS[name]
     missing = [k for k in entry.needs if spec.get(k) is None]
     if missing:
-        raise ValueError(f"open_model({name!r}): {', '.join(missing)} is required (e.g. voice_prompt='voice.wav', "
+        raise InputError(f"open_model({name!r}): {', '.join(missing)} is required (e.g. voice_prompt='voice.wav', "
                          f"a 24 kHz WAV of the voice to speak in)")
     mod = adapter(entry.architecture)
     fixed = sorted(set(spec) & set(entry.spec) - set(mod.MODEL_OPTIONS))

@@ -155,6 +155,20 @@ class ClockState(abc.ABC):
     def copy(self) -> "ClockState":
         return copy.deepcopy(self)
 
+    def host(self) -> dict:
+        """Every host clock now (ints, bools, None) and the options that move them, by name: what equality and
+        repr read. The default: the instance's attributes; adapters whose attributes hold more name theirs."""
+        return dict(vars(self))
+
+    def __eq__(self, other) -> bool:
+        """Equal: the same class and the same `host()` (two copies that advanced alike)."""
+        return type(other) is type(self) and other.host() == self.host()
+
+    __hash__ = None                 # advances in place: not a dict key
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.host().items())})"
+
 
 class _Caller:
     """Which thread is inside one session's ONE_CALLER methods now (a session is one caller's stream)."""

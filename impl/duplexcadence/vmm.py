@@ -84,16 +84,21 @@ class Reservation:
         return torch.as_tensor(_Interface(self.base, self.size), device=self.device)
 
     def ensure(self, offset: int, nbytes: int) -> None:
-        """Map every granule overlapping [offset, offset + nbytes). Host-side; never inside capture."""
+        """Map every granule overlapping [offset, offset + nbytes). Host-side, inside gate.device_wide() when a
+        granule is new (no capture meets a mapping); never inside a capture."""
         if nbytes <= 0:
             return
         if offset + nbytes > self.size:
             raise VMMError(f"range [{offset}, {offset + nbytes}) past the reservation of {self.size} bytes")
-        cu = _cu()
         first, last = offset // self.granularity, (offset + nbytes - 1) // self.granularity
-        for g in range(first, last + 1):
-            if g in self.handles:
-                continue
+        new = [g for g in range(first, last + 1) if g not in self.handles]
+        if new:
+            with gate.device_wide():
+                self._map(new)
+
+    def _map(self, granules: list[int]) -> None:
+        cu = _cu()
+        for g in granules:
             handle = _check(cu.cuMemCreate(self.granularity, self.prop, 0), "cuMemCreate")
             addr = self.base + g * self.granularity
             _check(cu.cuMemMap(addr, self.granularity, 0, handle, 0), "cuMemMap")
@@ -106,9 +111,10 @@ class Reservation:
     def close(self) -> None:
         """Unmap and release every granule and free the range. The tensor must no longer be used."""
         cu = _cu()
-        gate.synchronize(self.device)
-        for g, handle in self.handles.items():
-            _check(cu.cuMemUnmap(self.base + g * self.granularity, self.granularity), "cuMemUnmap")
-            _check(cu.cuMemRelease(handle), "cuMemRelease")
-        self.handles.clear()
-        _check(cu.cuMemAddressFree(self.base, self.size), "cuMemAddressFree")
+        with gate.device_wide():
+            gate.synchronize(self.device)
+            for g, handle in self.handles.items():
+                _check(cu.cuMemUnmap(self.base + g * self.granularity, self.granularity), "cuMemUnmap")
+                _check(cu.cuMemRelease(handle), "cuMemRelease")
+            self.handles.clear()
+            _check(cu.cuMemAddressFree(self.base, self.size), "cuMemAddressFree")

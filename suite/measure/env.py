@@ -223,6 +223,7 @@ def provenance(command: list[str] | None = None, *, device: str | torch.device =
                                            "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS")
                 if k in os.environ},
         "device": device_info(device),
+        "capture_gate": gate.GATE.mode,     # what may run beside a CUDA-graph capture (duplexcadence.gate)
         # a record of one workload says its own (session.mode_result); this is every checkpoint in force
         "weights": {name: weights(name, None) for name in checkpoints()} or "seeded random (the workload's seed)",
     }

@@ -33,12 +33,12 @@ MIB = 2**20
 
 def release_cached(device) -> None:
     """Give torch's cached free blocks back to the driver (`torch.cuda.empty_cache()`) once no CUDA-graph capture
-    is in progress: inside gate.work(), after a device-wide synchronize. An empty_cache beside another thread's
+    waits or runs: inside gate.device_wide(), after a device-wide synchronize. An empty_cache beside another thread's
     capture invalidates that capture (duplexcadence.gate), and a capture torch sees fail keeps its graph pool for
     the life of the process (pytorch/pytorch#180395, #190308). No-op off CUDA."""
     if torch.device(device).type != "cuda":
         return
-    with gate.work():
+    with gate.device_wide():
         gate.synchronize(device)
         torch.cuda.empty_cache()
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The master of one sitting on the lent GPU: the steps named as arguments, in order, each logged to /tmp/m (the
 # folder wait.sh packs). Started by start.sh in the tree's copy /tmp/r, in its own process session:
-#   bash tools/lent_gpu/start.sh tools/lent_gpu/master.sh test-gpu stress:600 verify asv
+#   bash tools/lent_gpu/start.sh tools/lent_gpu/master.sh test-gpu stress:600 verify asv duplex:minicpmo45:exclusive
 # Steps:  test-gpu            make test-gpu, its log test-gpu.log
 #         verify[:N]          the five verify stages through Ray (N: --max-speak-units N, a limited run), run
 #                             folder /tmp/m/$RUN (RUN default: verify); --resume, so a second sitting goes on
@@ -9,6 +9,9 @@
 #         asv                 make asv for the commit .gpu/env.sh names (needs .gpu/shallow.git), results in asv/
 #         stress:SECONDS      the CUDA stress of the four models, 16 threads, quiescent samples every 16 closes,
 #                             references first; STRESS_ARGS adds options (e.g. --trace-python 20)
+#         duplex:W[:GATE]     the sessions-per-GPU search of workload W on unseen scripts (DuplexCadence, tail only,
+#                             60 s per count, threads; DUPLEX_ARGS replaces "--prepare learned:64 --start 6 --grow 1.5
+#                             --budget-s 240"), with DUPLEXCADENCE_CAPTURE_GATE=GATE when given; out duplex-W[-GATE]/
 # Set-up (make setup with WHEELS=.whl, Ray from .whl-ray when a verify step is named) runs first. .gpu/env.sh
 # states the commit and impl tree (DUPLEXCADENCE_GIT_REV, DUPLEXCADENCE_IMPL_TREE). /tmp/m/m.log: one line per
 # step with its exit status and the seconds since the start; /tmp/m/done when every step has run.
@@ -43,6 +46,13 @@ for step in "$@"; do
       PYTHONPATH=$R/impl:$R timeout $(( ${step#stress:} + 600 )) .venv/bin/python -m suite.measure.stress \
         --device cuda --threads 16 --seconds "${step#stress:}" --quiesce-every 16 --reference shared-first \
         --workloads minicpmo45,stepaudio2_mini,moshi,qwen3_omni ${STRESS_ARGS:-} --out $W/stress > $W/stress.log 2>&1 ;;
+    duplex:*)
+      rest=${step#duplex:}; w=${rest%%:*}; g=; [ "$rest" != "$w" ] && g=${rest#*:}
+      args=${DUPLEX_ARGS:---prepare learned:64 --start 6 --grow 1.5 --budget-s 240}
+      budget=$(echo "$args" | sed -n 's/.*--budget-s \([0-9]*\).*/\1/p')
+      env ${g:+DUPLEXCADENCE_CAPTURE_GATE=$g} PYTHONPATH=$R/impl:$R timeout $(( ${budget:-240} + 120 )) \
+        .venv/bin/python -m suite.measure.duplex --workload "$w" --device cuda --modes cadence --ar none --seconds 60 \
+        --policy threads $args --out $W/duplex-$w${g:+-$g} > $W/duplex-$w${g:+-$g}.log 2>&1 ;;
     *) log "unknown step $step"; false ;;
   esac
   log "$step rc=$?"

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from duplexcadence import rng, upstream
+from duplexcadence.errors import InputError
 from duplexcadence.adapters.code2wav.cadence import CadenceSession
 from duplexcadence.adapters.code2wav.schedule import LEFT_CONTEXT, NUM_QUANTIZERS, WHOLE_CHUNK
 from duplexcadence.adapters.code2wav.stock import StockSession
@@ -37,7 +38,7 @@ class CheckpointError(ValueError):
 def code2wav_config(depth: str = "released"):
     """`Qwen3OmniMoeCode2WavConfig` at the released defaults (configuration L515-560) or reduced depth."""
     if depth not in ("released", "reduced"):
-        raise ValueError(f"depth: expected 'released' or 'reduced', got {depth!r}")
+        raise InputError(f"depth: expected 'released' or 'reduced', got {depth!r}")
     cfg, _ = upstream.qwen3_omni()
     return cfg.Qwen3OmniMoeCode2WavConfig(**(RELEASED if depth == "released" else REDUCED))
 
@@ -80,13 +81,13 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     (the same weights on every device). spec["checkpoint"]: a directory with `model.safetensors` (or a sharded
     index) in the released layout ("code2wav." names, vllm-omni's hf_to_vllm_mapper), optionally config.json,
     loaded by `from_pretrained(..., key_mapping={"^code2wav\\.": ""})`; "thinker." / "talker." keys are ignored.
-    Raises ValueError (depth, dtype), FileNotFoundError, CheckpointError naming missing / unexpected /
+    Raises InputError (depth, dtype), FileNotFoundError, CheckpointError naming missing / unexpected /
     mis-shaped keys."""
     config = code2wav_config(depth)
     name = spec.get("dtype", "bfloat16")
     name = str(name).replace("torch.", "") if isinstance(name, torch.dtype) else name
     if name not in DTYPES:
-        raise ValueError(f"spec['dtype']: expected one of {sorted(DTYPES)}, got {name!r}")
+        raise InputError(f"spec['dtype']: expected one of {sorted(DTYPES)}, got {name!r}")
     model_cls = upstream.qwen3_omni()[1].Qwen3OmniMoeCode2Wav
     checkpoint = spec.get("checkpoint")
     if checkpoint is None:
@@ -117,21 +118,21 @@ def state_manifest(model) -> dict:
 
 
 def session_options(model, mode: str) -> tuple:
-    """The options a session of `mode` takes (new_session's spec keys). Raises ValueError for an unknown mode."""
+    """The options a session of `mode` takes (new_session's spec keys). Raises InputError for an unknown mode."""
     if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
     return ("left_context", "initial_frames") + (("capture", "graphs", "arena_backend") if mode != "stock" else ())
 
 
 def new_session(model, mode: str, spec: dict | None = None):
     """A session on `model` (shared by any number of sessions and threads) in `mode` (MODES). spec: left_context
     (25), initial_frames (4); cadence: capture, graphs, arena_backend (call `prepare()` first on CUDA). Raises
-    ValueError for an unknown mode or a bad spec value."""
+    InputError for an unknown mode or a bad spec value."""
     if mode == "stock":
         return StockSession(model, spec)
     if mode in ("cadence", "cadence_seamless"):
         return CadenceSession(model, spec, seamless=mode == "cadence_seamless")
-    raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
 
 
 def whole_utterance(model, codes: torch.Tensor) -> np.ndarray:

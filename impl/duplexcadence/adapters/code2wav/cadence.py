@@ -80,7 +80,7 @@ class CadenceSession(Session):
         spec = spec or {}
         graphs.check_options(spec.get("graphs"))
         if spec.get("capture", "ahead") not in ("ahead", "inline"):
-            raise ValueError(f"spec['capture']: expected 'ahead' or 'inline', got {spec['capture']!r}")
+            raise InputError(f"spec['capture']: expected 'ahead' or 'inline', got {spec['capture']!r}")
         self.model, self.device = model, next(model.parameters()).device
         self._clock = Turn(spec, seamless, max_frames=model.config.max_position_embeddings)
         c, most = self._clock.left_context, UNIT.policy.bound()
@@ -200,7 +200,7 @@ class CadenceSession(Session):
     def close(self) -> None:
         """Free the graphs, the arena, the masks and the pinned staging buffer now."""
         if not self.closed:
-            with gate.work():
+            with gate.device_wide():
                 self.graphs.drop()
                 self.arena.close()
                 self.graphs, self.masks, self._host, self.graph_bytes = None, None, None, {}

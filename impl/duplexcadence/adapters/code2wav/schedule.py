@@ -94,9 +94,9 @@ class Turn(ClockState):
     def __init__(self, spec: dict, seamless: bool = False, *, max_frames: int | None = None):
         high = None if max_frames is None else max_frames - UNIT.policy.bound()
         self.left_context = check_int("spec['left_context']", spec.get("left_context", LEFT_CONTEXT), low=1,
-                                      high=high, error=ValueError)
+                                      high=high)
         self.initial = check_int("spec['initial_frames']", spec.get("initial_frames", INITIAL_FRAMES), low=0,
-                                 high=UNIT.policy.bound(), error=ValueError)
+                                 high=UNIT.policy.bound())
         self.seamless = seamless
         self.ctx: int | None = None
         self.frames, self.turn, self.units = 0, -1, 0

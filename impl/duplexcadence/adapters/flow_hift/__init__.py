@@ -8,6 +8,7 @@ limits), plan (the host clocks, every step's Signature), build, flowstate, causa
 from __future__ import annotations
 
 from duplexcadence import rng
+from duplexcadence.errors import InputError
 from duplexcadence.runtime import use_expandable_segments
 
 from duplexcadence.adapters.flow_hift import build, facts
@@ -32,14 +33,14 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     """The stock model of `spec` with seeded random weights (or "checkpoint", a directory in the variant's released
     layout: build.build_token2wav, build.build_stepaudio2_token2wav) and its voice prompt. spec: "voice_prompt" (a 24 kHz WAV; required), "variant", "n_timesteps"
     (Euler steps, 1-16; 10), "prompt_seconds" (None: the whole WAV; default facts.PROMPT_SECONDS). depth:
-    "released" | "reduced" (facts.REDUCED). Raises ValueError naming a missing or bad key, FileNotFoundError."""
+    "released" | "reduced" (facts.REDUCED). Raises InputError naming a missing or bad key, FileNotFoundError."""
     variant = dict(spec).get("variant") or "minicpmo45"
     if variant not in facts.VARIANTS:
-        raise ValueError(f"spec['variant']: expected one of {facts.VARIANTS}, got {variant!r}")
+        raise InputError(f"spec['variant']: expected one of {facts.VARIANTS}, got {variant!r}")
     if depth not in ("released", "reduced"):
-        raise ValueError(f"depth: expected 'released' or 'reduced', got {depth!r}")
+        raise InputError(f"depth: expected 'released' or 'reduced', got {depth!r}")
     if spec.get("voice_prompt") is None:
-        raise ValueError("spec['voice_prompt']: required: the path of a 24 kHz WAV of the voice to speak in")
+        raise InputError("spec['voice_prompt']: required: the path of a 24 kHz WAV of the voice to speak in")
     steps = build.check_steps(spec.get("n_timesteps", 10))
     layers = facts.RELEASED if depth == "released" else facts.REDUCED
     if variant == "minicpmo45":
@@ -57,23 +58,23 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
 
 def session_options(model: Model, mode: str) -> tuple:
     """The options a session of `mode` takes at the top level of new_session's spec (OPTIONS). Raises
-    ValueError for an unknown mode."""
+    InputError for an unknown mode."""
     if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
     return OPTIONS.get((model.variant, mode), ())
 
 
 def new_session(model: Model, mode: str, spec: dict | None = None):
     """A session on `model` in `mode`. spec: cadence options (OPTIONS) under spec["cadence"] (a workload's spec) or
-    at the top level (runtime.OpenModel.session; other top-level keys are the model's). Raises ValueError for an
+    at the top level (runtime.OpenModel.session; other top-level keys are the model's). Raises InputError for an
     unknown mode or option, ClockError for a voice past a stock table, ConcurrencyError (stock.py)."""
     if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
     spec, names = dict(spec or {}), OPTIONS.get((model.variant, mode), ())
     nested = spec.get("cadence", {}) if mode == "cadence" else {}
     unknown = sorted(set(nested) - set(names))
     if unknown:
-        raise ValueError(f"spec['cadence']: unknown option(s) {unknown} for a {model.variant} cadence session "
+        raise InputError(f"spec['cadence']: unknown option(s) {unknown} for a {model.variant} cadence session "
                          f"(expected {list(names)})")
     return SESSIONS[model.variant, mode](model, **{**{k: spec[k] for k in names if k in spec}, **nested})
 
@@ -83,7 +84,7 @@ def for_mode(model: Model, mode: str) -> dict:
     sessions are refused afterwards) and, for Step-Audio 2, turns on the CUDA allocator's expandable segments (its
     encoder runs eagerly on a length that grows every unit). Returns what was done, for the record."""
     if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
     if mode != "cadence":
         return {}
     done = {"stock_buffers_released_bytes": build.release_stock_buffers(model.t2w)}

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from duplexcadence import upstream
+from duplexcadence import gate, upstream
+from duplexcadence.errors import InputError
 from duplexcadence.runtime import model_state
 
 import duplexcadence.adapters.flow_hift.facts as facts
@@ -103,7 +104,7 @@ def load_flow(path: Path, n_timesteps: int):
 
 def check_steps(n_timesteps) -> int:
     if isinstance(n_timesteps, bool) or not isinstance(n_timesteps, int) or not 1 <= n_timesteps <= 16:
-        raise ValueError(f"n_timesteps: expected an int in [1, 16] (the stock DiT buffers hold 16 steps), "
+        raise InputError(f"n_timesteps: expected an int in [1, 16] (the stock DiT buffers hold 16 steps), "
                          f"got {n_timesteps!r}")
     return n_timesteps
 
@@ -113,7 +114,7 @@ def build_token2wav(model_dir=None, *, n_timesteps: int = 10, device="cpu", seed
     for attribute) from `model_dir` (the released layout, facts.CHECKPOINT_FILES less the ONNX models) or, for
     None, seeded random weights of the released (or `depth`) architecture. The construction-time tables
     (`decoder.rand_noise`, the vocoder's `sine_waves` / `rand_ini` / `uv`) come from the global CPU RNG after
-    `torch.manual_seed(seed)`. Raises FileNotFoundError naming missing files, ValueError for bad n_timesteps."""
+    `torch.manual_seed(seed)`. Raises FileNotFoundError naming missing files, InputError for bad n_timesteps."""
     t2w_mod = upstream.stepaudio2()
     check_steps(n_timesteps)
     device = torch.device(device)
@@ -278,7 +279,7 @@ def build_stepaudio2_token2wav(model_dir, *, n_timesteps: int = facts.N_TIMESTEP
     """Step-Audio 2 mini's StockToken2wav from its released token2wav/ folder, loaded as t2w L37-48 loads it: the
     flow from flow.yaml and flow.pt, hift.pt into `HiFTGenerator()` with "generator." taken out of its keys (the
     files and the class defaults give the architecture; the ONNX front end is not read: prepare_prompt). Raises
-    FileNotFoundError naming a missing file, CheckpointError naming the file and key, ValueError (n_timesteps)."""
+    FileNotFoundError naming a missing file, CheckpointError naming the file and key, InputError (n_timesteps)."""
     model_dir, steps = Path(model_dir), check_steps(n_timesteps)
     missing = [n for n in ("flow.yaml", "flow.pt", "hift.pt") if not (model_dir / n).is_file()]   # t2w L37-47
     if missing:
@@ -311,31 +312,31 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
     Stand-in (documented, deterministic): the S3 tokenizer and CAMPPlus ONNX models ship with the weights and
     are unavailable, so the n = floor(16 kHz samples / 640) tokens and the 192-d speaker embedding are drawn
     from a generator seeded by the sha256 of the samples. seconds: keep the first `seconds` (None: all).
-    Raises FileNotFoundError / ValueError naming the file (missing, a directory, unreadable, not 24 kHz, < 0.4 s)
-    and ValueError for `seconds` that is not None or a finite number > 0."""
+    Raises FileNotFoundError / InputError naming the file (missing, a directory, unreadable, not 24 kHz, < 0.4 s)
+    and InputError for `seconds` that is not None or a finite number > 0."""
     import soundfile as sf
 
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
                                 or not math.isfinite(seconds) or seconds <= 0):
-        raise ValueError(f"spec['prompt_seconds']: expected None (the whole WAV) or a finite number of seconds > 0, "
+        raise InputError(f"spec['prompt_seconds']: expected None (the whole WAV) or a finite number of seconds > 0, "
                          f"got {seconds!r} ({type(seconds).__name__})")
     wav_path = Path(wav_path)
     if wav_path.is_dir():
-        raise ValueError(f"voice prompt: {wav_path} is a directory, expected a 24 kHz WAV file")
+        raise InputError(f"voice prompt: {wav_path} is a directory, expected a 24 kHz WAV file")
     if not wav_path.is_file():
         raise FileNotFoundError(f"voice prompt: {wav_path} does not exist")
     try:
         audio, rate = sf.read(str(wav_path), dtype="float32", always_2d=True)
     except Exception as exc:
-        raise ValueError(f"voice prompt: {wav_path} is not a readable audio file ({exc})") from exc
+        raise InputError(f"voice prompt: {wav_path} is not a readable audio file ({exc})") from exc
     if rate != facts.SAMPLE_RATE:
-        raise ValueError(f"voice prompt: {wav_path} is {rate} Hz, expected {facts.SAMPLE_RATE} Hz")
+        raise InputError(f"voice prompt: {wav_path} is {rate} Hz, expected {facts.SAMPLE_RATE} Hz")
     audio = audio.mean(axis=1)
     if seconds is not None:
         audio = audio[: int(round(seconds * facts.SAMPLE_RATE))]
     n_tokens = (len(audio) * 16000 // facts.SAMPLE_RATE) // 640
     if n_tokens < 10:
-        raise ValueError(f"voice prompt: {wav_path} gives {n_tokens} tokens; need >= 10 (0.4 s)")
+        raise InputError(f"voice prompt: {wav_path} gives {n_tokens} tokens; need >= 10 (0.4 s)")
     upstream.stepaudio2()
     from stepaudio2.flashcosyvoice.utils.audio import mel_spectrogram
 
@@ -370,7 +371,8 @@ def release_stock_buffers(t2w) -> int:
                 mod._buffers[name] = torch.zeros((), dtype=buf.dtype, device=buf.device).expand(buf.shape)
     model_state(t2w)["stock_buffers_released"] = True
     if freed and torch.device(t2w.device).type == "cuda":
-        torch.cuda.empty_cache()
+        with gate.device_wide():
+            torch.cuda.empty_cache()
     return freed
 
 

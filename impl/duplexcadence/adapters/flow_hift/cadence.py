@@ -34,7 +34,7 @@ class CadenceSession(CadenceBase):
     model: build.Model (its Token2wav and voice are shared with every session). graphs: None = on CUDA only;
     capture: "ahead" | "inline" (flowstate.CadenceBase); strict: a step without a graph raises SignatureError;
     arena_backend: "auto" | "vmm" | "prealloc" | "cpu"; noise: "host" | "device" (causal_vocoder). Raises
-    ClockError (a LimitError) for a voice past a stock table, ValueError for a bad option."""
+    ClockError (a LimitError) for a voice past a stock table, InputError for a bad option."""
 
     capabilities = Capabilities("reset", True, True, "tokens", facts.MAX_UNIT_TOKENS)
     variant = "minicpmo45"

@@ -32,7 +32,7 @@ from duplexcadence.adapters.flow_hift.stock import OwnGenerator
 
 class StepAudio2CadenceSession(CadenceBase):
     """One Step-Audio 2 session on DuplexCadence (model: build.Model; its `seed` seeds the session's generator).
-    Options as cadence.CadenceSession (no noise). Raises ClockError for a voice past a stock table, ValueError for
+    Options as cadence.CadenceSession (no noise). Raises ClockError for a voice past a stock table, InputError for
     a bad option; speak raises ConcurrencyError while another thread's Step-Audio 2 session draws."""
 
     capabilities = Capabilities("carried", False, True, "tokens", facts.MAX_UNIT_TOKENS)

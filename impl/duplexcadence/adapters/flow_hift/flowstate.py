@@ -10,6 +10,7 @@ blocks capture). The DiT trim `cat(att[..., :P], att[..., -100:])` (token2wav.py
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -150,10 +151,11 @@ class CadenceBase(TokenSession):
 
     steps: tuple = ()
     guard = None                    # a context for warm-up steps (Step-Audio 2: a throw-away generator)
+    rng = None                      # stock.OwnGenerator where a step draws (Step-Audio 2): captures hold its lock
 
     def __init__(self, model, capture: str, arena_backend: str):
         if capture not in ("ahead", "inline"):
-            raise ValueError(f"capture: expected 'ahead' or 'inline', got {capture!r}")
+            raise InputError(f"capture: expected 'ahead' or 'inline', got {capture!r}")
         self.inline = capture == "inline"
         if self.inline:
             self.capabilities = dataclasses.replace(self.capabilities, concurrent=False)
@@ -169,7 +171,7 @@ class CadenceBase(TokenSession):
         """Declare the flow regions (conformer last), allocate and map every bounded region (so no step maps memory,
         never inside a capture; a KeepAll region maps as it grows, in eager code), make the graph cache."""
         if graphs not in (None, True, False):
-            raise ValueError(f"graphs: expected None (on CUDA), True or False, got {graphs!r}")
+            raise InputError(f"graphs: expected None (on CUDA), True or False, got {graphs!r}")
         self.flow = FlowState(self.t2w, self.arena, self.specs, self.n_steps)
         self.arena.allocate()
         for name, region in self.arena.regions.items():
@@ -203,7 +205,8 @@ class CadenceBase(TokenSession):
             if sig.step not in self.steps:
                 raise InputError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
         before = {k: getattr(graphs.stats, k) for k in SessionStats.COUNTERS}
-        with gate.work():
+        held = self.rng.held() if self.rng is not None and graphs.enabled else contextlib.nullcontext()
+        with held, gate.work():
             for sig in sigs if graphs.enabled else ():
                 if sig in graphs.entries:
                     continue
@@ -233,7 +236,7 @@ class CadenceBase(TokenSession):
         """Drop the graphs, every part's state and the arena now (the shared model stays)."""
         if self.closed:
             return
-        with gate.work():
+        with gate.device_wide():
             gate.synchronize(self.device)
             self.graphs.drop()
             for name in self.parts:

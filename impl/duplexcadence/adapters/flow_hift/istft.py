@@ -19,8 +19,11 @@ import torch
 
 def envelope(window: torch.Tensor, n_fft: int, hop: int, frames: int) -> torch.Tensor:
     """torch.istft's window envelope for `frames` STFT frames: [1, hop (frames - 1)] on the window's device, a view
-    sliced as istft's. One host read (the NOLA check); RuntimeError where torch.istft raises it."""
-    assert n_fft >= 2 and 0 < hop <= n_fft and tuple(window.shape) == (n_fft,), (n_fft, hop, tuple(window.shape))
+    sliced as istft's. One host read (the NOLA check); RuntimeError where torch.istft raises it, ValueError for
+    n_fft < 2, a hop outside [1, n_fft] or a window that is not [n_fft]."""
+    if not (n_fft >= 2 and 0 < hop <= n_fft and tuple(window.shape) == (n_fft,)):
+        raise ValueError(f"envelope: expected n_fft >= 2, 0 < hop <= n_fft and a window [n_fft], got n_fft={n_fft}, "
+                         f"hop={hop}, window {tuple(window.shape)}")
     length, half = n_fft + hop * (frames - 1), n_fft // 2
     env = torch.ops.aten.unfold_backward(window.pow(2).expand(1, frames, n_fft), [1, length], 1, n_fft, hop)
     env = env[:, half:length - half]
@@ -33,10 +36,14 @@ def envelope(window: torch.Tensor, n_fft: int, hop: int, frames: int) -> torch.T
 
 def istft(spec: torch.Tensor, n_fft: int, hop: int, window: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
     """`torch.istft(spec, n_fft, hop, n_fft, window=window)` without host reads: spec complex [C, n_fft / 2 + 1,
-    frames] (or 2-D) -> real [C, hop (frames - 1)] (or 1-D); env from `envelope(window, n_fft, hop, frames)`."""
+    frames] (or 2-D) -> real [C, hop (frames - 1)] (or 1-D); env from `envelope(window, n_fft, hop, frames)`.
+    Raises ValueError for a spec that is not complex [C, n_fft / 2 + 1, frames], a window that is not [n_fft] or
+    an envelope for another frame count."""
     x = spec.unsqueeze(0) if spec.dim() == 2 else spec
+    if not (spec.is_complex() and x.dim() == 3 and x.shape[1] == n_fft // 2 + 1 and tuple(window.shape) == (n_fft,)):
+        raise ValueError(f"istft: expected a complex spec [C, {n_fft // 2 + 1}, frames] and a window [{n_fft}], got "
+                         f"{spec.dtype} {tuple(spec.shape)} and {tuple(window.shape)}")
     C, F, frames = x.shape
-    assert spec.is_complex() and F == n_fft // 2 + 1 and tuple(window.shape) == (n_fft,), (spec.dtype, F, n_fft)
     length, half = n_fft + hop * (frames - 1), n_fft // 2
     if tuple(env.shape) != (1, length - 2 * half):
         raise ValueError(f"istft: envelope {tuple(env.shape)} for {frames} frames, expected {(1, length - 2 * half)}")
@@ -56,9 +63,11 @@ class StockIstft:
 
     def for_samples(self, samples: int):
         """Outside the step: a stand-in for `_istft` whose output is `samples` long (its envelope made now, once per
-        count). The stand-in raises RuntimeError if decode hands it another frame count (a plan that is wrong)."""
+        count). The stand-in raises RuntimeError if decode hands it another frame count (a plan that is wrong).
+        Raises ValueError for a sample count that is not a whole number of hops."""
         frames = samples // self.hop + 1
-        assert samples == self.hop * (frames - 1), (samples, self.hop)
+        if samples != self.hop * (frames - 1):
+            raise ValueError(f"samples: expected a multiple of the hop ({self.hop}), got {samples}")
         if frames not in self.envelopes:
             self.envelopes[frames] = envelope(self.window, self.n_fft, self.hop, frames)
         env = self.envelopes[frames]

@@ -31,7 +31,11 @@ from duplexcadence.adapters.flow_hift.plan import MiniCPMClocks, StepAudio2Clock
 class OwnGenerator:
     """One session's state of the default generator of `device`, seeded with `seed` (a fresh generator's state).
     `use()` swaps it in for a `with` body and keeps what the body drew; `scratch()` swaps in a copy, discarded after
-    (warm-ups). Both raise ConcurrencyError at entry while another thread is inside one (the generator is global)."""
+    (warm-ups). Both raise ConcurrencyError at entry while another thread is inside one (the generator is global).
+    Both bodies run inside the capture gate's device_wide(): every capture registers the default generator
+    of its device (torch's CUDAGraph::capture_begin), and an eager draw from it on another thread while a capture
+    records fails ("Offset increment outside graph capture encountered unexpectedly", CUDAGeneratorState::increase),
+    so a draw waits for the capture in progress and holds later captures back until its body ends."""
 
     def __init__(self, device, seed: int):
         self.device = torch.device(device)
@@ -40,6 +44,7 @@ class OwnGenerator:
     def _default(self):
         if self.device.type != "cuda":
             return torch.default_generator
+        torch.cuda.init()                   # default_generators is empty until CUDA is initialised in the process
         return torch.cuda.default_generators[self.device.index if self.device.index is not None
                                              else torch.cuda.current_device()]
 
@@ -49,15 +54,18 @@ class OwnGenerator:
             raise ConcurrencyError("Step-Audio 2 sessions draw from the process's default generator and another "
                                    "thread holds it now (a session drawing, or a model being built): run them on "
                                    "one thread (capabilities.concurrent)")
-        gen = self._default()
-        saved = gen.get_state()
         try:
-            gen.set_state(state)
-            yield
+            with gate.GATE.device_wide():
+                gen = self._default()
+                saved = gen.get_state()
+                try:
+                    gen.set_state(state)
+                    yield
+                finally:
+                    if keep:
+                        self.state = gen.get_state()
+                    gen.set_state(saved)
         finally:
-            if keep:
-                self.state = gen.get_state()
-            gen.set_state(saved)
             rng.LOCK.release()
 
     def use(self):
@@ -65,6 +73,17 @@ class OwnGenerator:
 
     def scratch(self):
         return self._swapped(self.state.clone())
+
+    @contextlib.contextmanager
+    def held(self):
+        """The generator lock, waited for with this thread's capture-gate holds set aside (duplexcadence.gate):
+        a capture of a step that draws registers the default generator, so no other thread may swap it meanwhile."""
+        with gate.GATE.aside():
+            rng.LOCK.acquire()
+        try:
+            yield
+        finally:
+            rng.LOCK.release()
 
 
 class _StockBase(TokenSession):

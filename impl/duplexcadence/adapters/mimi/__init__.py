@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from duplexcadence import rng, upstream
+from duplexcadence.errors import InputError
 from duplexcadence.adapters.mimi.cadence import OPTIONS as CADENCE_OPTIONS, CadenceSession
 from duplexcadence.adapters.mimi.schedule import N_Q
 from duplexcadence.adapters.mimi.stock import StockGraphsSession, StockSession
@@ -35,7 +36,7 @@ class CheckpointError(ValueError):
 def mimi_config(depth: str) -> dict:
     """moshi's released Mimi config (loaders._mimi_config, L28-88), or the reduced one (`REDUCED`)."""
     if depth not in DEPTHS:
-        raise ValueError(f"depth: expected one of {DEPTHS}, got {depth!r}")
+        raise InputError(f"depth: expected one of {DEPTHS}, got {depth!r}")
     loaders, _ = upstream.moshi()
     cfg = copy.deepcopy(loaders._mimi_config)
     for section, overrides in (REDUCED.items() if depth == "reduced" else ()):
@@ -84,7 +85,7 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     """The stock `MimiModel` from `loaders.get_mimi(filename, config, device, num_codebooks=8)`, eval mode.
     spec["checkpoint"]: a `.safetensors` file in the released layout (tests/data/mimi_manifest.json), loaded
     by moshi's loader (strict); without it `torch.manual_seed(seed)`, the stock constructors, then
-    `randomize_(model, seed + 1)`. depth: "released" or "reduced" (`REDUCED`). Raises ValueError (depth),
+    `randomize_(model, seed + 1)`. depth: "released" or "reduced" (`REDUCED`). Raises InputError (depth),
     FileNotFoundError, CheckpointError naming missing / unexpected / mis-shaped keys."""
     loaders, cfg, checkpoint = upstream.moshi()[0], mimi_config(depth), spec.get("checkpoint")
     device = torch.device(device)
@@ -112,18 +113,18 @@ def state_manifest(model: nn.Module) -> dict:
 
 
 def session_options(model, mode: str) -> tuple:
-    """The options a session of `mode` takes (new_session's spec keys). Raises ValueError for an unknown mode."""
+    """The options a session of `mode` takes (new_session's spec keys). Raises InputError for an unknown mode."""
     if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
     return (*CADENCE_OPTIONS, "arena_backend", "graphs") if mode == "cadence" else ()
 
 
 def new_session(model, mode: str, spec: dict | None = None):
     """A session on `model` (shared by any number of sessions and threads): mode "stock", "stock_graphs" or
-    "cadence" (spec: CadenceSession's; call `prepare()` before the first unit on CUDA). Raises ValueError for
+    "cadence" (spec: CadenceSession's; call `prepare()` before the first unit on CUDA). Raises InputError for
     an unknown mode or spec value, ConcurrencyError for a model that streams on its own."""
     if mode in ("stock", "stock_graphs"):
         return StockSession(model) if mode == "stock" else StockGraphsSession(model)
     if mode == "cadence":
         return CadenceSession(model, spec)
-    raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    raise InputError(f"mode: expected one of {MODES}, got {mode!r}")

@@ -57,7 +57,7 @@ class CadenceSession(MimiSession):
     """DuplexCadence over the stock modules (module docstring). spec: cadence_graphs ("frame" | "unit"),
     kv_bookkeeping ("host" | "stock"), capture ("ahead": graphs only from `prepare`, an uncaptured step runs
     eagerly and is counted; "inline": capture on first use), arena_backend, graphs (bool; default CUDA).
-    Raises ValueError for a bad spec value. Host clocks advance here, never read back from the device;
+    Raises InputError for a bad spec value. Host clocks advance here, never read back from the device;
     moshi's host `offset_cpu` counters (read only for weights_per_step, which Mimi lacks) follow them."""
 
     capabilities = Capabilities(graphs=True, **CAPABILITIES)
@@ -67,7 +67,7 @@ class CadenceSession(MimiSession):
         graphs.check_options(spec.get("graphs"))
         for key, allowed in OPTIONS.items():
             if spec.get(key, allowed[0]) not in allowed:
-                raise ValueError(f"spec[{key!r}]: expected one of {allowed}, got {spec[key]!r}")
+                raise InputError(f"spec[{key!r}]: expected one of {allowed}, got {spec[key]!r}")
         self.graph_mode, self.kv_mode = spec.get("cadence_graphs", "frame"), spec.get("kv_bookkeeping", "host")
         self.model, self.device = model, next(model.parameters()).device
         self.own = StreamStates(model)
@@ -181,7 +181,7 @@ class CadenceSession(MimiSession):
     def close(self) -> None:
         """Free the graphs, the arena and the session's streaming states now."""
         if not self.closed:
-            with gate.work():
+            with gate.device_wide():
                 self.graphs.drop()
                 self.own.close()
                 self.bindings, self._counted, self.io = [], [], None

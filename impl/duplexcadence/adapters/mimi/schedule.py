@@ -145,6 +145,9 @@ class MimiClock(ClockState):
     def copy(self) -> "MimiClock":
         return MimiClock(self.regions, self.step, self.frames)
 
+    def host(self) -> dict:
+        return {"step": self.step, "frames": self.frames, "positions": self.positions}
+
     def start_turn(self) -> None:
         """Nothing: Moshi streams continuously (server.py resets only per connection, L163-164)."""
 

@@ -138,8 +138,9 @@ class StockSession(MimiSession):
                                frames=self.clock.frames, moshi_graphs_captured=captured)
 
     def close(self) -> None:
-        """Drop the session's streaming states now."""
-        self.own.close()
+        """Drop the session's streaming states now (moshi's graphs among them: inside gate.device_wide())."""
+        with gate.device_wide():
+            self.own.close()
         self.regions = []
         super().close()
 
@@ -151,7 +152,7 @@ class StockGraphsSession(StockSession):
     L261-271), where another thread's synchronising CUDA call breaks the capture.
 
     So speak waits, it does not refuse: while any of the stream's decoder graphs is not captured yet (always off
-    CUDA, where moshi's graphs never capture), the unit holds the capture gate exclusively (`gate.capture()`,
+    CUDA, where moshi's graphs never capture), the unit holds the capture gate alone (`gate.capture(alone=True)`,
     after the model lock, as the gate's lock order says) and no other thread's CUDA work runs beside it; once
     both are captured a unit only replays and runs under the shared work() like every other session. Raises what
     StockSession.speak raises, before anything changes. Hence concurrent False: a unit that may capture runs
@@ -170,10 +171,10 @@ class StockGraphsSession(StockSession):
 
     @contextlib.contextmanager
     def device_use(self):
-        """gate.capture() (exclusive) after the model lock while moshi may capture, else gate.work()."""
+        """gate.capture(alone=True) after the model lock while moshi may capture, else gate.work()."""
         if not self.moshi_may_capture():
             with gate.work():
                 yield
             return
-        with self.own.lock, gate.capture():
+        with self.own.lock, gate.capture(alone=True):
             yield
