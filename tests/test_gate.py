@@ -19,6 +19,7 @@ from duplexcadence import gate, graphs
 from duplexcadence.adapters import mimi
 from duplexcadence.adapters.mimi import schedule as ms
 from duplexcadence.gate import CaptureGate, OuterLock
+from threaded import Held
 
 LONG, SHORT = 10.0, 0.2         # seconds: a deadlock bound; how long a blocked thread must stay blocked
 
@@ -44,63 +45,38 @@ def until(condition) -> None:
 
 
 def test_a_capture_waits_for_work_in_progress_and_runs_alone():
-    g, log = CaptureGate("exclusive"), []
-    in_work, finish_work = threading.Event(), threading.Event()
-    captured = threading.Event()
-
-    def worker():
-        with g.work():
-            in_work.set()
-            finish_work.wait(LONG)
-            log.append("work ends")
+    g, log, captured = CaptureGate("exclusive"), [], threading.Event()
+    work = Held(g.work, log=log, leave_note="work ends")
+    work.entered.wait(LONG)
 
     def capturer():
-        in_work.wait(LONG)
         with g.capture():
             log.append(("capture", g.counts()))
         captured.set()
 
-    threads = [start(worker), start(capturer)]
+    b = start(capturer)
     until(lambda: g.counts()["waiting"] == 1)
     assert not captured.wait(SHORT)                       # blocked while the other thread works
-    finish_work.set()
-    assert joined(*threads) and captured.is_set()
+    work.let_go()
+    assert joined(work.thread, b) and captured.is_set()
     assert log == ["work ends", ("capture", {"work": 0, "device_wide": 0, "waiting": 0, "capturing": True, "alone": True})]
     assert g.counts() == {"work": 0, "device_wide": 0, "waiting": 0, "capturing": False, "alone": False}
 
 
 def test_work_entered_while_a_capture_waits_blocks_until_the_capture_ends():
     g, log = CaptureGate("exclusive"), []
-    in_work, finish_work, finish_capture = threading.Event(), threading.Event(), threading.Event()
-    late_in = threading.Event()
-
-    def worker():
-        with g.work():
-            in_work.set()
-            finish_work.wait(LONG)
-
-    def capturer():
-        with g.capture():
-            log.append("capture starts")
-            finish_capture.wait(LONG)
-            log.append("capture ends")
-
-    def late():
-        with g.work():
-            log.append("late work")
-            late_in.set()
-
-    a = start(worker)
-    in_work.wait(LONG)
-    b = start(capturer)
+    work = Held(g.work)
+    work.entered.wait(LONG)
+    cap = Held(g.capture, log=log, enter_note="capture starts", leave_note="capture ends")
     until(lambda: g.counts()["waiting"] == 1)
-    c = start(late)
-    assert not late_in.wait(SHORT)                        # writer preference: no new work while a capture waits
-    finish_work.set()
+    late = Held(g.work, log=log, enter_note="late work", hold=False)
+    assert not late.entered.wait(SHORT)                   # writer preference: no new work while a capture waits
+    work.let_go()
     until(lambda: g.counts()["capturing"])
-    assert not late_in.wait(SHORT)                        # nor while it runs
-    finish_capture.set()
-    assert joined(a, b, c) and log == ["capture starts", "capture ends", "late work"]
+    assert not late.entered.wait(SHORT)                   # nor while it runs
+    cap.let_go()
+    assert joined(work.thread, cap.thread, late.thread)
+    assert log == ["capture starts", "capture ends", "late work"]
 
 
 def test_work_is_reentrant_even_while_a_capture_waits():
@@ -152,26 +128,19 @@ def test_two_threads_capturing_from_inside_their_own_work_do_not_deadlock():
 
 
 def test_synchronize_waits_for_a_capture_in_progress(monkeypatch):
-    g, log = CaptureGate("exclusive"), []
+    g, log, synced = CaptureGate("exclusive"), [], threading.Event()
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("synchronize", str(device))))
-    capturing, finish_capture, synced = threading.Event(), threading.Event(), threading.Event()
-
-    def capturer():
-        with g.capture():
-            capturing.set()
-            finish_capture.wait(LONG)
-            log.append("capture ends")
+    cap = Held(g.capture, log=log, leave_note="capture ends")
+    cap.entered.wait(LONG)
 
     def syncer():
         g.synchronize("cuda:0")
         synced.set()
 
-    a = start(capturer)
-    capturing.wait(LONG)
     b = start(syncer)
     assert not synced.wait(SHORT)
-    finish_capture.set()
-    assert joined(a, b) and log == ["capture ends", ("synchronize", "cuda:0")]
+    cap.let_go()
+    assert joined(cap.thread, b) and log == ["capture ends", ("synchronize", "cuda:0")]
     g.synchronize("cpu")                                 # off CUDA: nothing
     assert len(log) == 2
 
@@ -233,101 +202,59 @@ def test_a_model_lock_taken_inside_work_waits_outside_it():
 # --- the concurrent mode: work beside a capture, device-wide calls and global-mode captures not -------
 def test_concurrent_mode_work_runs_beside_a_capture_in_progress():
     g = CaptureGate("concurrent")
-    in_work, finish_work, captured, finish_capture = (threading.Event() for _ in range(4))
-    late_in = threading.Event()
-
-    def worker():
-        with g.work():
-            in_work.set()
-            finish_work.wait(LONG)
-
-    def capturer():
-        with g.capture():
-            captured.set()
-            finish_capture.wait(LONG)
-
-    def late():
-        with g.work():
-            late_in.set()
-
-    a = start(worker)
-    in_work.wait(LONG)
-    b = start(capturer)
-    assert captured.wait(LONG)                           # no wait for the work in progress
+    work = Held(g.work)
+    work.entered.wait(LONG)
+    cap = Held(g.capture)
+    assert cap.entered.wait(LONG)                        # no wait for the work in progress
     assert g.counts() == {"work": 1, "device_wide": 0, "waiting": 0, "capturing": True, "alone": False}
-    c = start(late)
-    assert late_in.wait(LONG)                            # new work enters while the capture runs
-    finish_work.set()
-    finish_capture.set()
-    assert joined(a, b, c)
+    late = Held(g.work, hold=False)
+    assert late.entered.wait(LONG)                       # new work enters while the capture runs
+    work.let_go()
+    cap.let_go()
+    assert joined(work.thread, cap.thread, late.thread)
     assert g.counts() == {"work": 0, "device_wide": 0, "waiting": 0, "capturing": False, "alone": False}
 
 
 def test_concurrent_mode_a_capture_and_device_wide_calls_exclude_each_other(monkeypatch):
-    g, log = CaptureGate("concurrent"), []
+    g, log, synced = CaptureGate("concurrent"), [], threading.Event()
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("synchronize"))
-    in_wide, finish_wide, captured, finish_capture, synced = (threading.Event() for _ in range(5))
 
-    def wide():
-        with g.work(), g.device_wide():                  # a close: its device-wide part inside its work
-            in_wide.set()
-            finish_wide.wait(LONG)
-            log.append("wide ends")
-
-    def capturer():
-        with g.capture():
-            log.append("capture starts")
-            captured.set()
-            finish_capture.wait(LONG)
-            log.append("capture ends")
+    @contextlib.contextmanager
+    def close_like():                                    # a close: its device-wide part inside its work
+        with g.work(), g.device_wide():
+            yield
 
     def syncer():
         g.synchronize("cuda:0")
         synced.set()
 
-    a = start(wide)
-    in_wide.wait(LONG)
-    b = start(capturer)
+    wide = Held(close_like, log=log, leave_note="wide ends")
+    wide.entered.wait(LONG)
+    cap = Held(g.capture, log=log, enter_note="capture starts", leave_note="capture ends")
     until(lambda: g.counts()["waiting"] == 1)
-    assert not captured.wait(SHORT)                      # the capture waits for the device-wide stretch
+    assert not cap.entered.wait(SHORT)                   # the capture waits for the device-wide stretch
     c = start(syncer)
     assert not synced.wait(SHORT)                        # writer preference: no new device-wide call
-    finish_wide.set()
-    assert captured.wait(LONG) and not synced.wait(SHORT)   # nor while it runs
-    finish_capture.set()
-    assert joined(a, b, c)
+    wide.let_go()
+    assert cap.entered.wait(LONG) and not synced.wait(SHORT)   # nor while it runs
+    cap.let_go()
+    assert joined(wide.thread, cap.thread, c)
     assert log == ["wide ends", "capture starts", "capture ends", "synchronize"]
 
 
 def test_concurrent_mode_a_capture_alone_waits_for_work_and_holds_it_back():
     g = CaptureGate("concurrent")
-    in_work, finish_work, captured, finish_capture, late_in = (threading.Event() for _ in range(5))
-
-    def worker():
-        with g.work():
-            in_work.set()
-            finish_work.wait(LONG)
-
-    def capturer():
-        with g.capture(alone=True):
-            captured.set()
-            finish_capture.wait(LONG)
-
-    def late():
-        with g.work():
-            late_in.set()
-
-    a = start(worker)
-    in_work.wait(LONG)
-    b = start(capturer)
+    work = Held(g.work)
+    work.entered.wait(LONG)
+    cap = Held(lambda: g.capture(alone=True))
     until(lambda: g.counts()["waiting"] == 1)
-    assert not captured.wait(SHORT)
-    c = start(late)
-    assert not late_in.wait(SHORT)
-    finish_work.set()
-    assert captured.wait(LONG) and g.counts()["alone"] and not late_in.wait(SHORT)
-    finish_capture.set()
-    assert joined(a, b, c) and late_in.is_set()
+    assert not cap.entered.wait(SHORT)
+    late = Held(g.work, hold=False)
+    assert not late.entered.wait(SHORT)
+    work.let_go()
+    assert cap.entered.wait(LONG) and g.counts()["alone"] and not late.entered.wait(SHORT)
+    cap.let_go()
+    assert joined(work.thread, cap.thread, late.thread) and late.entered.is_set()
 
 
 def test_concurrent_mode_a_thread_in_work_wanting_device_wide_lets_a_waiting_capture_alone_run():

@@ -10,6 +10,7 @@ import torch
 import duplexcadence as dc
 from duplexcadence import rng
 from duplexcadence.errors import ConcurrencyError
+from threaded import Held
 
 
 def test_opening_a_model_leaves_the_default_generator_as_it_was():
@@ -44,21 +45,13 @@ def test_a_build_waits_for_the_generator_and_gives_the_weights_it_gives_alone():
 
 def test_a_step_audio_2_draw_beside_a_build_is_refused():
     from duplexcadence.adapters.flow_hift.stock import OwnGenerator
-    gen, held, done = OwnGenerator("cpu", 0), threading.Event(), threading.Event()
-
-    def builder():
-        with rng.LOCK:
-            held.set()
-            done.wait(10)
-
-    t = threading.Thread(target=builder, daemon=True)
-    t.start()
-    assert held.wait(10)
+    gen, builder = OwnGenerator("cpu", 0), Held(lambda: rng.LOCK)     # what a model build holds
+    assert builder.entered.wait(10)
     with pytest.raises(ConcurrencyError, match="a model being built"):
         with gen.use():
             pass
-    done.set()
-    t.join(10)
+    builder.let_go()
+    builder.thread.join(10)
     with gen.use():                                     # free again
         torch.rand(1)
 

@@ -46,3 +46,30 @@ def beside_churn(speakers: list[Callable[[], None]], open_session: Callable[[int
     done.set()
     opener.join()
     return errors
+
+
+class Held:
+    """`enter()`'s context manager entered on a daemon thread of its own and held until `let_go()` (at most
+    `timeout` s): `entered` is set once inside. With `log`, `enter_note` is appended on entry and `leave_note`
+    just before leaving; `hold=False` leaves at once (a thread that only has to get in)."""
+
+    def __init__(self, enter: Callable[[], object], *, log: list | None = None, enter_note=None, leave_note=None,
+                 hold: bool = True, timeout: float = 10.0):
+        self.entered, self.release = threading.Event(), threading.Event()
+        if not hold:
+            self.release.set()
+
+        def run():
+            with enter():
+                if enter_note is not None:
+                    log.append(enter_note)
+                self.entered.set()
+                self.release.wait(timeout)
+                if leave_note is not None:
+                    log.append(leave_note)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def let_go(self) -> None:
+        self.release.set()
