@@ -138,6 +138,32 @@ def test_bad_input_leaves_state_unchanged(model):
             assert same_state(before, snapshot(cad))
 
 
+def test_a_unit_refused_while_another_thread_holds_the_generator_changes_nothing(runs, model):
+    """A Step-Audio 2 unit asked for while another thread holds the generator lock (a session drawing, a model
+    being built) is refused with ConcurrencyError before anything runs, in both modes: state, clocks and
+    generator as they were, and once the lock is free the same unit gives the bytes of a session never refused."""
+    from duplexcadence import rng as rng_mod
+    from duplexcadence.errors import ConcurrencyError
+    from threaded import Held
+    for mode in fh.MODES:
+        with fh.new_session(model, mode) as s:
+            s.start_turn()
+            first = s.speak(tokens_for(0, 16))
+            before = snapshot(s)
+            holder = Held(lambda: rng_mod.LOCK)
+            assert holder.entered.wait(10)
+            try:
+                with pytest.raises(ConcurrencyError, match="another thread holds it"):
+                    s.speak(tokens_for(1, 25))
+                assert same_state(before, snapshot(s))
+            finally:
+                holder.let_go()
+                holder.thread.join(10)
+            again = s.speak(tokens_for(1, 25))
+        for unit, (a, b) in enumerate(((first, runs[mode][0]), (again, runs[mode][1]))):
+            compare_units(f"stepaudio2-reduced {mode}", unit, a, b)
+
+
 def test_negative_controls_fail_the_check(runs, model):
     """The check can fail: (a) one corrupted conformer frame in the arena changes later units (the region is
     really read); (b) a session whose generator is seeded otherwise gives other HiFT noise."""
