@@ -10,8 +10,9 @@
 #         stress:SECONDS      the CUDA stress of the four models, 16 threads, quiescent samples every 16 closes,
 #                             references first; STRESS_ARGS adds options (e.g. --trace-python 20)
 #         duplex:W[:GATE]     the sessions-per-GPU search of workload W on unseen scripts (DuplexCadence, tail only,
-#                             60 s per count, threads; DUPLEX_ARGS replaces "--prepare learned:64 --start 6 --grow 1.5
-#                             --budget-s 240"), with DUPLEXCADENCE_CAPTURE_GATE=GATE when given; out duplex-W[-GATE]/
+#                             60 s per count, threads; DUPLEX_ARGS_W, else DUPLEX_ARGS, replaces "--prepare learned:64
+#                             --start 6 --grow 1.5 --budget-s 240"), with DUPLEXCADENCE_CAPTURE_GATE=GATE when given;
+#                             out duplex-W[-GATE]/
 # Set-up (make setup with WHEELS=.whl, Ray from .whl-ray when a verify step is named) runs first. .gpu/env.sh
 # states the commit and impl tree (DUPLEXCADENCE_GIT_REV, DUPLEXCADENCE_IMPL_TREE). /tmp/m/m.log: one line per
 # step with its exit status and the seconds since the start; /tmp/m/done when every step has run.
@@ -48,7 +49,7 @@ for step in "$@"; do
         --workloads minicpmo45,stepaudio2_mini,moshi,qwen3_omni ${STRESS_ARGS:-} --out $W/stress > $W/stress.log 2>&1 ;;
     duplex:*)
       rest=${step#duplex:}; w=${rest%%:*}; g=; [ "$rest" != "$w" ] && g=${rest#*:}
-      args=${DUPLEX_ARGS:---prepare learned:64 --start 6 --grow 1.5 --budget-s 240}
+      own=DUPLEX_ARGS_$w; args=${!own:-${DUPLEX_ARGS:---prepare learned:64 --start 6 --grow 1.5 --budget-s 240}}
       budget=$(echo "$args" | sed -n 's/.*--budget-s \([0-9]*\).*/\1/p')
       env ${g:+DUPLEXCADENCE_CAPTURE_GATE=$g} PYTHONPATH=$R/impl:$R timeout $(( ${budget:-240} + 120 )) \
         .venv/bin/python -m suite.measure.duplex --workload "$w" --device cuda --modes cadence --ar none --seconds 60 \
