@@ -148,15 +148,27 @@ def run_dir_of(args, device: str) -> Path:
 
 def after_stage(run_dir: Path):
     """What runs after every stage: its own REPORT.md (a run.json stage), then the merged report (a killed
-    sitting still has the report of what was done)."""
+    sitting still has the report of what was done). A report that cannot be rendered (a reference run not
+    on this machine, a malformed record) is said on stderr and the stages go on: the records are what a
+    sitting exists for, and `make report` renders them later."""
     def after(name: str) -> None:
         if (run_dir / name / "run.json").is_file():
             try:
                 single.write(run_dir / name)
             except ValueError as exc:
                 print(f"  {name}: REPORT.md not written: {exc}", file=sys.stderr)
-        document.write(run_dir)
+        write_report(run_dir, f"after {name}")
     return after
+
+
+def write_report(run_dir: Path, when: str) -> Path | None:
+    """document.write, or None with a line on stderr where the report cannot be rendered here."""
+    try:
+        return document.write(run_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"  {run_dir}/REPORT.md not rewritten {when}: {exc}; `make report ARGS={run_dir}` renders it where "
+              f"that is mended", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None, *, execute=None) -> int:
@@ -232,9 +244,9 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
     finally:
         if installed:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-    report = document.write(run_dir)
+    report = write_report(run_dir, "at the sitting's end")
     outcome(state, chosen, device)
-    print(f"results: {run_dir}/stages.json, {report}, {run_dir}/claims.json")
+    print(f"results: {run_dir}/stages.json" + (f", {report}, {run_dir}/claims.json" if report else ""))
     return status(state, chosen, sitting, limited)
 
 

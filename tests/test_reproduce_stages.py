@@ -570,6 +570,25 @@ def test_a_legacy_duplex_entry_is_left_alone_and_listed(fake_registry, clean_tre
     assert "legacy: a harness this version does not run" in section(text, "Stages")
 
 
+def test_a_reference_run_missing_here_does_not_stop_the_stages(fake_registry, clean_tree, tmp_path, capsys):
+    """A resumed sitting on a machine without the reference run its stages.json names (a lent GPU carries the
+    run folder only): every stage still runs and is saved done; the report's failure is said on stderr."""
+    run_dir, ref = tmp_path / "run", tmp_path / "reference"
+    ref.mkdir()
+    args = ["--device", "cpu", "--workload", "fake", "--run-dir", str(run_dir), "--stages", "verify"]
+    assert reproduce.main(args, execute=Stub(record=False)) == 0
+    data = json.loads((run_dir / "stages.json").read_text())
+    data["stages"]["fake.verify"].update(status="running")          # the earlier sitting was cut in this stage
+    (run_dir / "stages.json").write_text(json.dumps({**data, "compare": [str(ref)]}))
+    capsys.readouterr()
+    stub = Stub(record=False)
+    assert reproduce.main([*args, "--resume"], execute=stub) == 0
+    assert [c[0] for c in stub.calls] == ["fake.verify"]
+    assert on_disk(run_dir)["fake.verify"]["status"] == "done"
+    err = capsys.readouterr().err
+    assert "REPORT.md not rewritten after fake.verify" in err and str(ref) in err
+
+
 # --- the merged report ----------------------------------------------------------------------------------------
 #: One-session mean and p99 SPEAK time / period, miss rate, max zero-miss sessions, per mode.
 DUPLEX_FIGURES = {"stock": (1.132, 1.30, 0.61, 3), "cadence": (0.585, 0.80, 0.0, 25)}
