@@ -536,6 +536,12 @@ def test_bad_build_arguments():
         c2w.build_model({"checkpoint": "/nonexistent/dir"}, depth="reduced")
 
 
+def test_an_unreadable_checkpoint_is_a_checkpoint_error_naming_it(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors header")
+    with pytest.raises(c2w.CheckpointError, match=r"cannot be read as the reduced Code2Wav layout: SafetensorError"):
+        c2w.build_model({"dtype": "float32", "checkpoint": str(tmp_path)}, depth="reduced")
+
+
 # --- the released config, a few small units ------------------------------------------------------------
 @pytest.mark.released
 def test_released_config_short_turn_is_bit_exact():

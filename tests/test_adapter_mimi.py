@@ -504,8 +504,9 @@ def test_checkpoint_defects_raise(tmp_path, defect):
     path = tmp_path / "bad.safetensors"
     write_checkpoint(path, layout, drop=key if defect == "missing" else None,
                      reshape=key if defect == "shape" else None)
-    with pytest.raises(mimi.CheckpointError, match="linear2"):
+    with pytest.raises(mimi.CheckpointError, match="linear2") as info:
         mimi.build_model({"checkpoint": path}, device="cpu", depth="reduced")
+    assert "\n" not in str(info.value) and isinstance(info.value, InputError)
 
 
 def test_checkpoint_path_errors(tmp_path):
@@ -515,6 +516,13 @@ def test_checkpoint_path_errors(tmp_path):
     other.write_bytes(b"x")
     with pytest.raises(mimi.CheckpointError, match="safetensors"):
         mimi.build_model({"checkpoint": other}, depth="reduced")
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"not a safetensors header")
+    with pytest.raises(mimi.CheckpointError, match=r"garbage.safetensors does not match .*header") as info:
+        mimi.build_model({"checkpoint": garbage}, depth="reduced")
+    assert isinstance(info.value, InputError)
+    with pytest.raises(InputError, match=r"^spec\['checkpoint'\]: .* is not a file"):
+        mimi.build_model({"checkpoint": tmp_path}, depth="reduced")
 
 
 @pytest.mark.released

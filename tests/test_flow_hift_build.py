@@ -23,6 +23,7 @@ from alloc_spy import BigAllocs  # noqa: E402
 from torch_threads import torch_threads  # noqa: E402
 from duplexcadence.adapters.flow_hift import build, facts  # noqa: E402
 from duplexcadence.adapters.flow_hift.stock import StockSession  # noqa: E402
+from duplexcadence.errors import InputError  # noqa: E402
 
 VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / "ljspeech_LJ001-0001_24k.wav"
 FILES = sc.TEXT_FILES + sc.TENSOR_FILES
@@ -111,9 +112,11 @@ def test_missing_file_is_named(tmp_path, missing):
 ])
 def test_checkpoint_defects_raise_naming_the_key(checkpoint, tmp_path, file, key, defect):
     sc.write_defective_copy(*checkpoint, tmp_path, FILES, file, key, defect)
-    message = "Missing key(s)" if defect == "missing" else "size mismatch"
-    with pytest.raises(RuntimeError, match=re.escape(message) + ".*" + re.escape(key)):
+    message = "missing key" if file == "flow.pt" else "size mismatch"      # hift.pt: upstream's loader's words
+    with pytest.raises(build.CheckpointError, match=re.escape(message) + ".*" + re.escape(key)) as info:
         build.build_token2wav(model_dir=tmp_path, n_timesteps=2, device="cpu")
+    text = str(info.value)
+    assert text.startswith(str(tmp_path / file)) and "\n" not in text and isinstance(info.value, InputError)
 
 
 def test_reduced_model_has_small_dit_buffers_of_the_stock_layout_and_never_allocates_the_stock_one():
@@ -142,7 +145,7 @@ def test_build_model_names_a_missing_or_bad_spec_key():
                       ({"voice_prompt": str(VOICE), "n_timesteps": 17}, "n_timesteps")):
         with pytest.raises(ValueError, match=key):
             fh.build_model(spec, depth="reduced")
-    with pytest.raises(FileNotFoundError, match="checkpoint x"):     # Step-Audio 2's loader: its released layout
+    with pytest.raises(FileNotFoundError, match=r"^spec\['checkpoint'\] x: missing"):    # Step-Audio 2's layout
         fh.build_model({"variant": "stepaudio2", "voice_prompt": str(VOICE), "checkpoint": "x"}, depth="reduced")
     with pytest.raises(ValueError, match="depth"):
         fh.build_model({"voice_prompt": str(VOICE)}, depth="tiny")

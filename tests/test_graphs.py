@@ -17,6 +17,7 @@ from cuda_checks import needs_fresh_streams, pool_segments, settle  # tests/ is 
 from duplexcadence import graphs
 from duplexcadence.arena import Arena
 from duplexcadence.clocks import signature
+from duplexcadence.errors import InputError
 from duplexcadence.graphs import (STREAMS, ArenaMoved, GraphCache, GraphEntry, SignatureError, StreamLeases, WarmSet,
                                   prime_workspace)
 
@@ -233,8 +234,8 @@ def test_cpu_cache_runs_every_step_eagerly_under_the_lock_and_counts_it():
     assert s.snapshot()["eager_runs"] == 3
 
 
-def test_graphs_on_a_cpu_device_are_refused():
-    with pytest.raises(ValueError, match="graphs need a CUDA device, got cpu"):
+def test_graphs_on_a_cpu_device_are_refused_as_input_naming_the_option():
+    with pytest.raises(InputError, match=r"spec\['graphs'\]: True needs a CUDA device, got cpu"):
         GraphCache("cpu", enabled=True)
 
 

@@ -2,12 +2,14 @@
 machine lacks is refused by open_model before anything is built."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from duplexcadence import clocks, runtime
-from duplexcadence.errors import InputError, LimitError
+from duplexcadence.errors import ClosedError, InputError, LimitError, MissingFileError
 
 
 def codes(frames: int, n_q: int, seed: int = 0) -> list:
@@ -108,7 +110,8 @@ def test_open_model_names_a_bad_device_index_or_seed(kw, match):
 
 def test_open_model_names_the_known_models_for_a_name_that_is_not_one():
     for bad in (["moshi"], None, "mimi"):
-        with pytest.raises(KeyError, match="expected one of"):
+        with pytest.raises(InputError, match=r"^name: expected one of \['minicpmo45', 'moshi', 'qwen3_omni', "
+                                             r"'stepaudio2_mini'\], got "):
             runtime.open_model(bad, device="cpu", depth="reduced")
 
 
@@ -121,6 +124,43 @@ def test_signatures_take_a_bool_final(models, name):
     finally:
         session.close()
 
+
+
+@pytest.mark.parametrize("name", ["moshi", "qwen3_omni"])
+def test_signatures_name_size_and_a_closed_session_says_signatures(models, name):
+    session = models[name].session("cadence")
+    session.start_turn()
+    before = session.clocks()
+    for bad, what in ((-1, "-1 (int)"), (True, "True (bool)"), ("3", "'3' (str)")):
+        with pytest.raises(InputError, match=r"^size: expected an int in \[0, inf\], got " + re.escape(what)):
+            session.signatures(bad)
+    if name == "moshi":                                     # the unit region's bound, named by `size`
+        with pytest.raises(LimitError, match=r"^size: region 'unit': a step of \+1000000 frames"):
+            session.signatures(1_000_000)
+        with pytest.raises(InputError, match=r"^size: frames: expected an int in \[1, inf\], got 0"):
+            session.signatures(0)
+    assert session.clocks() == before
+    session.close()
+    with pytest.raises(ClosedError, match="^signatures: the session is closed"):
+        session.signatures(1)
+
+
+def test_signatures_without_an_open_turn_say_signatures_not_speak(models):
+    session = models["qwen3_omni"].session("cadence")
+    try:
+        with pytest.raises(InputError, match=r"^signatures: no open turn \(call start_turn first"):
+            session.signatures(2)
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("name, key, value", [("moshi", "checkpoint", "/nonexistent/mimi.safetensors"),
+                                              ("qwen3_omni", "checkpoint", "/nonexistent/dir"),
+                                              ("minicpmo45", "voice_prompt", "/nonexistent/voice.wav")])
+def test_a_path_option_that_names_nothing_is_a_missing_file_input_error(name, key, value):
+    with pytest.raises(MissingFileError, match=rf"^{key}: {value} does not exist$") as info:
+        runtime.open_model(name, device="cpu", depth="reduced", **{key: value})
+    assert isinstance(info.value, InputError) and isinstance(info.value, FileNotFoundError)
 
 
 @pytest.mark.parametrize("name, mode, good", [("moshi", "cadence", {"cadence_graphs": "unit"}),
@@ -171,7 +211,7 @@ def test_prompt_seconds_that_is_not_a_positive_finite_number_is_named(seconds):
 
 
 def test_a_voice_prompt_that_is_a_directory_is_called_one():
-    with pytest.raises(ValueError, match=r"^voice prompt: workloads is a directory, expected a 24 kHz WAV file"):
+    with pytest.raises(ValueError, match=r"^voice_prompt: workloads is a directory, expected a 24 kHz WAV file"):
         runtime.open_model("minicpmo45", device="cpu", depth="reduced", voice_prompt="workloads")
 
 

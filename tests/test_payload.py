@@ -140,6 +140,12 @@ def test_check_codes_from_arrays_returns_an_int64_copy(make, step):
     assert (torch.equal(given, before) if isinstance(given, torch.Tensor) else np.array_equal(given, before))
 
 
+def test_check_codes_checks_a_numpy_object_array_of_ints_as_lists():
+    arr = np.array(_codes(3), dtype=object)
+    out = check_codes(arr, n_q=N_Q, cardinality=CARD, max_frames=MAX_FRAMES)
+    assert out.dtype == torch.int64 and out.tolist() == _codes(3)
+
+
 def test_check_codes_accepts_a_reversed_numpy_view():
     """A numpy array [n_q, F] with a negative stride (np.flip, x[:, ::-1]) is still an integer array."""
     arr = np.array(_codes(4), dtype=np.int64)[:, ::-1]
@@ -163,12 +169,23 @@ def test_check_codes_accepts_a_reversed_numpy_view():
     pytest.param(torch.zeros(8, 3, dtype=torch.bool), r"integer tensor \[8, frames\], got dtype torch.bool",
                  id="bool-tensor"),
     pytest.param(torch.zeros(8, 3), r"integer tensor \[8, frames\], got dtype torch.float32", id="float-tensor"),
-    pytest.param(np.zeros((8, 3), np.float16), r"got dtype torch.float16", id="float-array"),
+    pytest.param(np.zeros((8, 3), np.float16), r"^codes: expected an integer array \[8, frames\], got dtype float16",
+                 id="float-array"),
+    pytest.param(np.full((8, 3), "1"), r"^codes: expected an integer array \[8, frames\], got dtype <U1",
+                 id="string-array"),
+    pytest.param(np.zeros((8, 3), bool), r"^codes: expected an integer array \[8, frames\], got dtype bool",
+                 id="bool-array"),
+    pytest.param(torch.quantize_per_tensor(torch.zeros(8, 3), 1.0, 0, torch.qint8),
+                 r"^codes: expected an integer tensor \[8, frames\], got dtype torch.qint8", id="quantized-tensor"),
+    pytest.param(np.array([[1, "x"]] * 8, dtype=object), r"^codes\[0\]\[1\]: expected an int code id, got 'x' \(str\)",
+                 id="object-array-str"),
+    pytest.param(np.array([[1, 2.5]] * 8, dtype=object), r"^codes\[0\]\[1\]: expected an int code id, got 2.5",
+                 id="object-array-float"),
+    pytest.param(np.array([[1, 2]] * 7 + [[1, 4096]], dtype=object), r"^codes\[7\]\[1\]: code id 4096 outside",
+                 id="object-array-past-card"),
     pytest.param(torch.zeros(24, dtype=torch.int64), r"expected shape \[8, frames\] .* got \[24\]", id="1d"),
     pytest.param(torch.zeros(4, 3, dtype=torch.int64), r"expected shape \[8, frames\] .* got \[4, 3\]", id="n-q"),
     pytest.param(np.zeros((1, 8, 3), np.int64), r"got \[1, 8, 3\]", id="3d"),
-    pytest.param(np.array([[1, 2]] * 8, dtype=object), r"^codes: expected an integer array \[8, frames\]",
-                 id="object-array"),
 ])
 def test_check_codes_errors_name_the_argument_and_what_came(codes, message):
     with pytest.raises(InputError, match=message):
@@ -255,6 +272,7 @@ def test_check_tokens_takes_a_1d_integer_cpu_tensor_and_names_any_other():
     assert check_tokens(torch.tensor([5, 6560], dtype=torch.int16), vocab=VOCAB, max_count=MAX_TOKENS) == [5, 6560]
     with pytest.raises(InputError, match=r"^tokens\[1\]: token id 6561 outside"):
         check_tokens(torch.tensor([5, 6561]), vocab=VOCAB, max_count=MAX_TOKENS)
-    for bad in (torch.tensor([1.0]), torch.tensor([[1, 2]]), torch.tensor([True]), torch.tensor(3)):
+    for bad in (torch.tensor([1.0]), torch.tensor([[1, 2]]), torch.tensor([True]), torch.tensor(3),
+                torch.quantize_per_tensor(torch.tensor([1.0, 2.0]), 1.0, 0, torch.quint8)):
         with pytest.raises(InputError, match=r"^tokens: expected a sequence of ints in \[0, 6561\) \(as a tensor: 1-D, dense, integer"):
             check_tokens(bad, vocab=VOCAB, max_count=MAX_TOKENS)

@@ -247,7 +247,6 @@ class _SlowSession(Session):
         self.inside.set()
         self.release.wait(10)
         self.ran.append("speak")
-        self.start_turn()                          # a method calling another on its own thread passes
         return UnitOutput(np.zeros(4, np.float32), np.zeros(4, np.int16))
 
     def clocks(self):
@@ -278,7 +277,7 @@ def test_a_second_thread_inside_one_session_is_refused_and_nothing_runs():
     assert s.ran == [] and not s.closed                    # the refused calls changed nothing
     s.release.set()
     t.join(10)
-    assert s.ran == ["speak", "start_turn"]
+    assert s.ran == ["speak"]
     s.close()                                              # the first caller is done: any thread may go on
     assert s.ran[-1] == "close" and s.closed
 
@@ -294,16 +293,19 @@ def test_prepare_takes_signatures_only_and_refuses_a_closed_session():
         s.prepare()
 
 
-def test_close_from_inside_speak_on_the_same_thread_is_refused_and_the_unit_completes():
-    """A payload whose iterator closes the session (or any callback inside speak) may not pull the state from
-    under the running unit; other methods called from inside one on its own thread still pass."""
+@pytest.mark.parametrize("inner", ["speak", "start_turn", "prepare", "close"])
+def test_any_method_re_entered_from_inside_speak_on_the_same_thread_is_refused(inner):
+    """A payload's iterator (or any callback inside speak) that speaks again, opens a turn, prepares or closes
+    the session whose speak() is reading it may not pull the state from under the running unit: refused with
+    ConcurrencyError naming both methods, nothing of it ran, and the outer unit (its subclass's super().speak()
+    call too) completes."""
     from duplexcadence.errors import ConcurrencyError
-    refused, s = [], None
+    refused = []
 
     class Payload(list):
         def __iter__(self):
             try:
-                s.close()
+                getattr(s, inner)(*([[1]] if inner == "speak" else []))
             except ConcurrencyError as exc:
                 refused.append(str(exc))
             return super().__iter__()
@@ -313,10 +315,31 @@ def test_close_from_inside_speak_on_the_same_thread_is_refused_and_the_unit_comp
             list(payload)
             return super().speak(payload, final=final)
 
-    s = r = Reads()
-    r.release.set()
-    out = r.speak(Payload([1]))
-    assert out.samples == 4 and not r.closed and r.ran == ["speak", "start_turn"]
-    assert refused and refused[0].startswith("close: called from inside this session's speak() on the same thread")
-    r.close()
-    assert r.closed and r.ran[-1] == "close"
+    s = Reads()
+    s.release.set()
+    assert s.speak(Payload([1])).samples == 4
+    assert s.ran == ["speak"] and not s.closed              # the inner call ran nothing
+    assert refused == [f"{inner}: called from inside this session's speak() on the same thread (from a payload's "
+                       f"iterator or a callback?); call it once speak() has returned"]
+    s.speak([1])                                            # the caller's lock was released: it goes on
+    assert s.ran == ["speak", "speak"]
+
+
+def test_a_subclass_chain_of_super_calls_passes_through_every_level():
+    class Base(_SlowSession):
+        def start_turn(self):
+            self.ran.append("base")
+
+    class Mid(Base):
+        def start_turn(self):
+            self.ran.append("mid")
+            super().start_turn()
+
+    class Top(Mid):
+        def start_turn(self):
+            self.ran.append("top")
+            super().start_turn()
+
+    t = Top()
+    t.start_turn()
+    assert t.ran == ["top", "mid", "base"]

@@ -19,6 +19,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import synthetic_checkpoint as sc  # noqa: E402
 from torch_threads import torch_threads  # noqa: E402
 from duplexcadence.adapters.flow_hift import build, facts  # noqa: E402
+from duplexcadence.errors import InputError  # noqa: E402
 from duplexcadence.runtime import compare_units, open_model  # noqa: E402
 
 VOICE = Path(__file__).resolve().parents[1] / "workloads" / "data" / "voice_prompts" / "librispeech_8297-275156-0011_24k.wav"
@@ -95,3 +96,15 @@ def test_a_mismatched_file_is_one_line_naming_the_file_and_key(checkpoint, tmp_p
     text = str(exc.value)
     assert "\n" not in text and text.startswith(str(tmp_path / file)) and message in text
     assert key.removeprefix("generator.") in text and isinstance(exc.value, ValueError)
+
+
+@pytest.mark.parametrize("file", ["flow.yaml", "flow.pt", "hift.pt"])
+def test_a_file_that_does_not_load_is_one_line_naming_it(checkpoint, tmp_path, file):
+    for name in sc.STEPAUDIO2_FILES:
+        if name != file:
+            os.link(checkpoint[0] / name, tmp_path / name)
+    (tmp_path / file).write_bytes(b"garbage")
+    with pytest.raises(build.CheckpointError) as exc:
+        build.build_stepaudio2_token2wav(tmp_path, n_timesteps=2)
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith(str(tmp_path / file)) and isinstance(exc.value, InputError)

@@ -226,7 +226,8 @@ class GraphCache:
         check_options(enabled, strict)
         self.enabled = (self.device.type == "cuda") if enabled is None else enabled
         if self.enabled and self.device.type != "cuda":
-            raise ValueError(f"graphs need a CUDA device, got {self.device}")
+            raise InputError(f"spec['graphs']: True needs a CUDA device, got {self.device} (None: graphs where "
+                             f"the device is CUDA)")
         self.strict = strict
         self.arena = arena
         self.warmup = warmup            # eager runs of a signature before it is captured (lazy inits)

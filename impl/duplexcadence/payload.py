@@ -11,6 +11,9 @@ import torch
 from duplexcadence.errors import InputError
 
 _NOT_A_SEQUENCE = (str, bytes, bytearray, memoryview, set, frozenset, dict)
+#: The tensor dtypes a payload of ids may come in (quantized, float, complex and bool tensors are refused).
+INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+              torch.uint64)
 
 
 def is_int(x) -> bool:
@@ -31,8 +34,8 @@ def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") ->
     """Speech token ids: a sequence of at most `max_count` ints in [0, vocab), or a 1-D integer CPU torch
     tensor of them (as frame payloads take tensors). Returns them as a list."""
     if isinstance(tokens, torch.Tensor):
-        if tokens.device.type != "cpu" or tokens.layout != torch.strided or tokens.dim() != 1 or (
-                tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool):
+        if (tokens.device.type != "cpu" or tokens.layout != torch.strided or tokens.dim() != 1
+                or tokens.dtype not in INT_DTYPES):
             raise InputError(f"{name}: expected a sequence of ints in [0, {vocab}) (as a tensor: 1-D, dense, integer, "
                              f"on the CPU), got {list(tokens.shape)} {tokens.dtype} on {tokens.device}")
         tokens = tokens.tolist()
@@ -57,18 +60,24 @@ def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int | None, na
     for a caller whose clocks declare the bound as a region and raise LimitError past it) of ids in
     [0, cardinality).
 
-    Accepts a list of n_q lists of ints, or an integer CPU torch tensor / numpy array [n_q, F]. Returns an
-    int64 CPU tensor [n_q, F] (a copy)."""
+    Accepts a list of n_q lists of ints, an integer CPU torch tensor / numpy array [n_q, F], or a numpy object
+    array of ints [n_q, F] (checked as lists). Returns an int64 CPU tensor [n_q, F] (a copy)."""
     span = "1 or more" if max_frames is None else f"1..{max_frames}"
     want = f"{n_q} codebooks x {span} frames of ids in [0, {cardinality})"
+    if isinstance(codes, np.ndarray) and codes.dtype == object:
+        codes = codes.tolist()                      # checked as lists: each element named, as a list's would be
+    if isinstance(codes, np.ndarray) and codes.dtype.kind not in "iu":
+        raise InputError(f"{name}: expected an integer array [{n_q}, frames], got dtype {codes.dtype}")
     if isinstance(codes, torch.Tensor) and codes.device.type != "cpu":
         raise InputError(f"{name}: expected a CPU tensor (host payload), got one on {codes.device}")
     if isinstance(codes, (torch.Tensor, np.ndarray)):
         if isinstance(codes, torch.Tensor) and codes.layout != torch.strided:
             raise InputError(f"{name}: expected a dense integer tensor [{n_q}, frames], got layout {codes.layout}")
+        if isinstance(codes, torch.Tensor) and codes.dtype not in INT_DTYPES:
+            raise InputError(f"{name}: expected an integer tensor [{n_q}, frames], got dtype {codes.dtype}")
         try:
             t = torch.as_tensor(np.array(codes, order="C") if isinstance(codes, np.ndarray) else codes)
-        except (TypeError, ValueError, RuntimeError) as exc:      # e.g. a numpy object array
+        except (TypeError, ValueError, RuntimeError) as exc:
             raise InputError(f"{name}: expected an integer array [{n_q}, frames], got {exc}") from None
         if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
             raise InputError(f"{name}: expected an integer tensor [{n_q}, frames], got dtype {t.dtype}")

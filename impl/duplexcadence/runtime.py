@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from duplexcadence.errors import InputError
+from duplexcadence.errors import InputError, MissingFileError
 from duplexcadence.payload import check_int
 from duplexcadence.gate import OuterLock
 from duplexcadence.session import UnitOutput
@@ -104,12 +104,14 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
     """Build the released model `name` (a key of MODELS) on `device` with seeded random weights, or from
     `checkpoint=DIR_OR_FILE` in the released layout. depth: "released" or "reduced" (the same classes,
     fewer layers: CPU tests). spec: the model's options (voice_prompt=WAV path for the flow-matching
-    decoders, n_timesteps, prompt_seconds, dtype, ...: the adapter's MODEL_OPTIONS). Raises KeyError naming the
-    known models, and InputError naming a missing required option, or for an option the model does not
-    take (or one its entry fixes, such as the variant), a path option that is not a path, a device this machine
-    lacks (check_device) or a seed that is not an int in [0, SEED_MAX]."""
+    decoders, n_timesteps, prompt_seconds, dtype, ...: the adapter's MODEL_OPTIONS). Raises InputError naming
+    the known models for another name, a missing required option, an option the model does not take (or one
+    its entry fixes, such as the variant), a path option that is not a path, a device this machine lacks
+    (check_device) or a seed that is not an int in [0, SEED_MAX]; MissingFileError (an InputError) for a path
+    option that names nothing there; the adapter's CheckpointError for a checkpoint not in the released
+    layout. All of these before anything is built."""
     if not isinstance(name, str) or name not in MODELS:
-        raise KeyError(f"model {name!r}: expected one of {sorted(MODELS)}")
+        raise InputError(f"name: expected one of {sorted(MODELS)}, got {name!r}")
     entry = MODELS[name]
     missing = [k for k in entry.needs if spec.get(k) is None]
     if missing:
@@ -125,6 +127,8 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
         if spec.get(key) is not None and not isinstance(spec[key], (str, os.PathLike)):
             raise InputError(f"{key}: expected a path (str or os.PathLike), got {spec[key]!r} "
                              f"({type(spec[key]).__name__})")
+        if spec.get(key) is not None and not os.path.exists(spec[key]):
+            raise MissingFileError(f"{key}: {os.fspath(spec[key])} does not exist")
     check_device(device)
     seed = check_int("seed", seed, low=0, high=SEED_MAX)
     full = {**entry.spec, **spec}

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from duplexcadence.clocks import Signature, check_signatures
-from duplexcadence.errors import ClosedError, ConcurrencyError, InputError
+from duplexcadence.errors import ClosedError, ConcurrencyError, InputError, LimitError
+from duplexcadence.payload import check_int
 
 TURN_STATES = ("reset", "carried", "stream")
 PAYLOADS = ("tokens", "frames")
@@ -171,10 +172,11 @@ class ClockState(abc.ABC):
 
 
 class _Caller:
-    """Which thread is inside one session's ONE_CALLER methods now (a session is one caller's stream)."""
+    """Which thread is inside one session's ONE_CALLER methods now (a session is one caller's stream), in which
+    method, and the implementations of it entered so far (the class's own, then its bases' through super())."""
 
     def __init__(self):
-        self.lock, self.owner, self.depth, self.what = threading.Lock(), None, 0, ""
+        self.lock, self.owner, self.what, self.entered = threading.Lock(), None, "", []
 
 
 def _one_caller(fn, name: str):
@@ -182,20 +184,24 @@ def _one_caller(fn, name: str):
     def call(self, *args, **kwargs):
         caller = self.__dict__.get("_caller") or self.__dict__.setdefault("_caller", _Caller())
         me = threading.get_ident()
-        if caller.owner == me:                       # the same thread: super(), or one method calling another
-            if name != "close" or caller.what == "close":
+        if caller.owner == me:
+            if name != caller.what or fn in caller.entered:     # not super(): a payload's iterator, a callback
+                raise ConcurrencyError(f"{name}: called from inside this session's {caller.what}() on the same "
+                                       f"thread (from a payload's iterator or a callback?); call it once "
+                                       f"{caller.what}() has returned")
+            caller.entered.append(fn)                # super(): a base class's implementation of the same method
+            try:
                 return fn(self, *args, **kwargs)
-            raise ConcurrencyError(f"{name}: called from inside this session's {caller.what}() on the same thread "
-                                   f"(from a payload's iterator or a callback?); call it once {caller.what}() "
-                                   f"has returned")
+            finally:
+                caller.entered.pop()
         if not caller.lock.acquire(blocking=False):
             raise ConcurrencyError(f"{name}: another thread is inside this session's {caller.what}(); a session "
                                    f"is one stream: call it from one thread at a time")
-        caller.owner, caller.what = me, name
+        caller.owner, caller.what, caller.entered = me, name, [fn]
         try:
             return fn(self, *args, **kwargs)
         finally:
-            caller.owner, caller.what = None, ""
+            caller.owner, caller.what, caller.entered = None, "", []
             caller.lock.release()
     call.one_caller = True
     return call
@@ -205,9 +211,10 @@ class Session(abc.ABC):
     """Base of every session (module docstring). Subclasses set `capabilities` and implement the
     abstract methods; `close()` must free the session's device and host memory without waiting for the
     cycle collector, after which every method raises ClosedError. The methods that change a session
-    (ONE_CALLER) refuse a second thread while one is inside any of them, and `close()` from inside another of
-    them on the same thread (ConcurrencyError, nothing changed):
-    sessions of one model may run on their own threads (Capabilities.concurrent), one session may not."""
+    (ONE_CALLER) refuse a second thread while one is inside any of them, and any of them called from inside
+    another on the same thread (a payload's iterator, a callback), except an implementation's super() call of
+    its own method (ConcurrencyError, nothing changed): sessions of one model may run on their own threads
+    (Capabilities.concurrent), one session may not."""
 
     ONE_CALLER = ("start_turn", "speak", "prepare", "close")
     capabilities: Capabilities
@@ -236,9 +243,22 @@ class Session(abc.ABC):
 
     def signatures(self, size: int, final: bool = False) -> list[Signature]:
         """The signatures of every step the next unit would run with a payload of `size` tokens / frames,
-        computed from the clocks alone (nothing runs, nothing changes). Raises InputError for a size the
-        session would refuse (or a `final` that is not a bool), LimitError past a bound."""
-        return self.clocks().unit(size, check_final(final))
+        computed from the clocks alone (nothing runs, nothing changes). Raises ClosedError, InputError naming
+        `size` for a size the session would refuse (or `final` for one that is not a bool), LimitError (a
+        ClockError) naming `size` past a bound."""
+        self.check_open("signatures")
+        check_int("size", size, low=0)
+        final = check_final(final)
+        clocks = self.clocks()
+        try:
+            return clocks.unit(size, final)
+        except LimitError as exc:                   # a bound the payload size would cross
+            raise type(exc)(f"size: {exc}", session_usable=exc.session_usable) from None
+        except InputError as exc:                   # ClockState.unit words its errors as speak's
+            what = str(exc)
+            if what.startswith(f"{self.capabilities.payload}:"):
+                raise InputError(f"size: {what}") from None
+            raise InputError(f"signatures: {what.removeprefix('speak: ')}") from None
 
     def prepare(self, signatures: Iterable[Signature] | None = None) -> dict:
         """Capture graphs ahead of time, changing neither state nor clocks: `signatures` (from

@@ -11,10 +11,11 @@ import math
 from pathlib import Path
 
 import numpy as np
+import safetensors
 import torch
 
 from duplexcadence import rng, upstream
-from duplexcadence.errors import InputError
+from duplexcadence.errors import CheckpointError, InputError, MissingFileError, one_line
 from duplexcadence.adapters.code2wav.cadence import CadenceSession
 from duplexcadence.adapters.code2wav.schedule import LEFT_CONTEXT, NUM_QUANTIZERS, WHOLE_CHUNK
 from duplexcadence.adapters.code2wav.stock import StockSession
@@ -29,10 +30,6 @@ REDUCED = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
            "num_key_value_heads": 4, "decoder_dim": 64}
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 CHECKPOINT_PREFIX = "code2wav."   # the released checkpoint's names (vllm-omni hf_to_vllm_mapper)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint does not match the Code2Wav layout: names missing / unexpected / mis-shaped keys."""
 
 
 def code2wav_config(depth: str = "released"):
@@ -81,8 +78,8 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     (the same weights on every device). spec["checkpoint"]: a directory with `model.safetensors` (or a sharded
     index) in the released layout ("code2wav." names, vllm-omni's hf_to_vllm_mapper), optionally config.json,
     loaded by `from_pretrained(..., key_mapping={"^code2wav\\.": ""})`; "thinker." / "talker." keys are ignored.
-    Raises InputError (depth, dtype), FileNotFoundError, CheckpointError naming missing / unexpected /
-    mis-shaped keys."""
+    Raises InputError (depth, dtype), MissingFileError (no directory there), CheckpointError (unreadable, or
+    missing / unexpected / mis-shaped keys)."""
     config = code2wav_config(depth)
     name = spec.get("dtype", "bfloat16")
     name = str(name).replace("torch.", "") if isinstance(name, torch.dtype) else name
@@ -97,13 +94,19 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
         return model.to(device).eval()
     path = Path(checkpoint)
     if not path.is_dir():
-        raise FileNotFoundError(f"spec['checkpoint']: {path} is not a directory (expected model.safetensors "
+        raise MissingFileError(f"spec['checkpoint']: {path} is not a directory (expected model.safetensors "
                                 f"[+ config.json] in the released layout)")
     kwargs = {} if (path / "config.json").is_file() else {"config": config}
     # ignore_mismatched_sizes: mis-shaped keys are reported in `info` (and raised below), not re-initialised
-    model, info = model_cls.from_pretrained(
-        str(path), dtype=DTYPES[name], attn_implementation="sdpa", key_mapping={r"^code2wav\.": ""},
-        output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    try:
+        model, info = model_cls.from_pretrained(
+            str(path), dtype=DTYPES[name], attn_implementation="sdpa", key_mapping={r"^code2wav\.": ""},
+            output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, RuntimeError, safetensors.SafetensorError) as exc:
+        raise CheckpointError(f"spec['checkpoint']: {path} cannot be read as the {depth} Code2Wav layout: "
+                              f"{one_line(exc)}") from exc
     unexpected = [k for k in info["unexpected_keys"] if not k.startswith(("thinker.", "talker."))]
     if info["missing_keys"] or unexpected or info["mismatched_keys"]:
         raise CheckpointError(f"spec['checkpoint']: {path} does not match the {depth} Code2Wav layout "

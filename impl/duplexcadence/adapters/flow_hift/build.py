@@ -29,7 +29,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from duplexcadence import gate, upstream
-from duplexcadence.errors import InputError
+from duplexcadence.errors import CheckpointError, InputError, MissingFileError, one_line
 from duplexcadence.runtime import model_state
 
 import duplexcadence.adapters.flow_hift.facts as facts
@@ -88,9 +88,15 @@ class _placeholder_buffers(TorchFunctionMode):
 
 def load_flow(path: Path, n_timesteps: int):
     """The stock flow from a flow.yaml (`_load_config`), with DiT cache buffers sized as the module docstring
-    says: stock shapes for 16 DiT layers, else [n_timesteps, layers, ...] / [layers, ...]."""
+    says: stock shapes for 16 DiT layers, else [n_timesteps, layers, ...] / [layers, ...]. Raises CheckpointError
+    for a file that is not such a config."""
     with _placeholder_buffers():
-        flow = upstream.stepaudio2()._load_config(path)["flow"]
+        try:
+            flow = upstream.stepaudio2()._load_config(path)["flow"]
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:                    # not YAML, no "flow" entry, a class hyperpyyaml cannot build
+            raise CheckpointError(f"{path}: not a flow config in the released layout ({one_line(exc)})") from exc
     cfm, dit = flow.decoder, flow.decoder.estimator
     layers = len(dit.blocks)
     for mod, lead in ((cfm, (n_timesteps, layers)), (dit, (layers,))):
@@ -114,7 +120,8 @@ def build_token2wav(model_dir=None, *, n_timesteps: int = 10, device="cpu", seed
     for attribute) from `model_dir` (the released layout, facts.CHECKPOINT_FILES less the ONNX models) or, for
     None, seeded random weights of the released (or `depth`) architecture. The construction-time tables
     (`decoder.rand_noise`, the vocoder's `sine_waves` / `rand_ini` / `uv`) come from the global CPU RNG after
-    `torch.manual_seed(seed)`. Raises FileNotFoundError naming missing files, InputError for bad n_timesteps."""
+    `torch.manual_seed(seed)`. Raises MissingFileError naming missing files, CheckpointError (a file that
+    does not load or does not hold the layout's keys), InputError for bad n_timesteps."""
     t2w_mod = upstream.stepaudio2()
     check_steps(n_timesteps)
     device = torch.device(device)
@@ -131,14 +138,21 @@ def build_token2wav(model_dir=None, *, n_timesteps: int = 10, device="cpu", seed
     else:
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
-            raise FileNotFoundError(f"model_dir: {model_dir} is not a directory")
+            raise MissingFileError(f"spec['checkpoint']: {model_dir} is not a directory (expected the released "
+                                   f"layout: {list(facts.CHECKPOINT_FILES)})")
         missing = [n for n in facts.CHECKPOINT_FILES if not (model_dir / n).is_file()]
         if missing:
-            raise FileNotFoundError(f"model_dir {model_dir}: missing {missing} (released layout: "
+            raise MissingFileError(f"spec['checkpoint'] {model_dir}: missing {missing} (released layout: "
                                     f"{list(facts.CHECKPOINT_FILES)})")
         flow = load_flow(model_dir / "flow.yaml", n_timesteps)
-        flow.load_state_dict(torch.load(model_dir / "flow.pt", map_location="cpu", weights_only=True), strict=True)
-        hift, checkpoint, _ = t2w_mod.load_causal_vocoder(model_dir, device)
+        load_strict(flow, model_dir / "flow.pt")
+        try:                                        # reads config.yaml and hift.pt (token2wav.py L62-77)
+            hift, checkpoint, _ = t2w_mod.load_causal_vocoder(model_dir, device)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(f"{model_dir / 'hift.pt'} (with config.yaml): the vocoder does not load "
+                                  f"({one_line(exc)})") from exc
     t2w = t2w_mod.Token2wav.__new__(t2w_mod.Token2wav)
     t2w.float16, t2w.n_timesteps, t2w.device = False, n_timesteps, device
     t2w.model_path = Path(model_dir) if model_dir is not None else None
@@ -258,15 +272,16 @@ def build_stock_token2wav(*, n_timesteps: int = facts.N_TIMESTEPS, device="cpu",
 
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file does not hold the module's keys and shapes; the message names the file and key."""
-
-
 def load_strict(module: torch.nn.Module, path: Path, rename=str) -> None:
     """`module.load_state_dict(torch.load(path), strict=True)`, keys renamed; a mismatch is one line naming the file
-    and the first missing, unexpected or mis-shaped key. Raises CheckpointError."""
+    and the first missing, unexpected or mis-shaped key, or a file torch cannot load. Raises CheckpointError."""
     want = module.state_dict()
-    state = {rename(k): v for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
+    try:
+        state = {rename(k): v for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:                        # unpickling, a truncated zip, not a dict of tensors ...
+        raise CheckpointError(f"{path}: torch.load failed ({one_line(exc)})") from exc
     bad = [f"missing key {k!r}" for k in want if k not in state] + [
         f"unexpected key {k!r}" if k not in want else f"key {k!r} is {list(v.shape)}, expected {list(want[k].shape)}"
         for k, v in state.items() if k not in want or v.shape != want[k].shape]
@@ -279,11 +294,11 @@ def build_stepaudio2_token2wav(model_dir, *, n_timesteps: int = facts.N_TIMESTEP
     """Step-Audio 2 mini's StockToken2wav from its released token2wav/ folder, loaded as t2w L37-48 loads it: the
     flow from flow.yaml and flow.pt, hift.pt into `HiFTGenerator()` with "generator." taken out of its keys (the
     files and the class defaults give the architecture; the ONNX front end is not read: prepare_prompt). Raises
-    FileNotFoundError naming a missing file, CheckpointError naming the file and key, InputError (n_timesteps)."""
+    MissingFileError naming a missing file, CheckpointError naming the file and key, InputError (n_timesteps)."""
     model_dir, steps = Path(model_dir), check_steps(n_timesteps)
     missing = [n for n in ("flow.yaml", "flow.pt", "hift.pt") if not (model_dir / n).is_file()]   # t2w L37-47
     if missing:
-        raise FileNotFoundError(f"checkpoint {model_dir}: missing {missing} (Step-Audio 2's token2wav/ layout)")
+        raise MissingFileError(f"spec['checkpoint'] {model_dir}: missing {missing} (Step-Audio 2's token2wav/ layout)")
     torch.manual_seed(seed)
     flow, hift = load_flow(model_dir / "flow.yaml", steps), hift_class()()
     load_strict(flow, model_dir / "flow.pt")
@@ -312,7 +327,7 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
     Stand-in (documented, deterministic): the S3 tokenizer and CAMPPlus ONNX models ship with the weights and
     are unavailable, so the n = floor(16 kHz samples / 640) tokens and the 192-d speaker embedding are drawn
     from a generator seeded by the sha256 of the samples. seconds: keep the first `seconds` (None: all).
-    Raises FileNotFoundError / InputError naming the file (missing, a directory, unreadable, not 24 kHz, < 0.4 s)
+    Raises MissingFileError / InputError naming the file (missing, a directory, unreadable, not 24 kHz, < 0.4 s)
     and InputError for `seconds` that is not None or a finite number > 0."""
     import soundfile as sf
 
@@ -322,21 +337,21 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
                          f"got {seconds!r} ({type(seconds).__name__})")
     wav_path = Path(wav_path)
     if wav_path.is_dir():
-        raise InputError(f"voice prompt: {wav_path} is a directory, expected a 24 kHz WAV file")
+        raise InputError(f"voice_prompt: {wav_path} is a directory, expected a 24 kHz WAV file")
     if not wav_path.is_file():
-        raise FileNotFoundError(f"voice prompt: {wav_path} does not exist")
+        raise MissingFileError(f"voice_prompt: {wav_path} does not exist (expected a 24 kHz WAV file)")
     try:
         audio, rate = sf.read(str(wav_path), dtype="float32", always_2d=True)
     except Exception as exc:
-        raise InputError(f"voice prompt: {wav_path} is not a readable audio file ({exc})") from exc
+        raise InputError(f"voice_prompt: {wav_path} is not a readable audio file ({exc})") from exc
     if rate != facts.SAMPLE_RATE:
-        raise InputError(f"voice prompt: {wav_path} is {rate} Hz, expected {facts.SAMPLE_RATE} Hz")
+        raise InputError(f"voice_prompt: {wav_path} is {rate} Hz, expected {facts.SAMPLE_RATE} Hz")
     audio = audio.mean(axis=1)
     if seconds is not None:
         audio = audio[: int(round(seconds * facts.SAMPLE_RATE))]
     n_tokens = (len(audio) * 16000 // facts.SAMPLE_RATE) // 640
     if n_tokens < 10:
-        raise InputError(f"voice prompt: {wav_path} gives {n_tokens} tokens; need >= 10 (0.4 s)")
+        raise InputError(f"voice_prompt: {wav_path} gives {n_tokens} tokens; need >= 10 (0.4 s)")
     upstream.stepaudio2()
     from stepaudio2.flashcosyvoice.utils.audio import mel_spectrogram
 

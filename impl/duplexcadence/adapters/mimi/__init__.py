@@ -11,11 +11,12 @@ import copy
 import math
 from pathlib import Path
 
+import safetensors
 import torch
 from torch import nn
 
 from duplexcadence import rng, upstream
-from duplexcadence.errors import InputError
+from duplexcadence.errors import CheckpointError, InputError, MissingFileError, one_line
 from duplexcadence.adapters.mimi.cadence import OPTIONS as CADENCE_OPTIONS, CadenceSession
 from duplexcadence.adapters.mimi.schedule import N_Q
 from duplexcadence.adapters.mimi.stock import StockGraphsSession, StockSession
@@ -27,10 +28,6 @@ DEPTHS = ("released", "reduced")
 #: CI's config: the same classes and loader, 2 transformer layers, 16 SEANet base filters, 8 quantizer levels;
 #: the KV caches keep their released shape (8 heads x 64, context 250: the ring wraps). ~8x faster on CPU.
 REDUCED = {"transformer": {"num_layers": 2}, "seanet": {"n_filters": 16}, "quantizer": {"n_q": 8}}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint does not match the model layout (missing, unexpected or mis-shaped keys)."""
 
 
 def mimi_config(depth: str) -> dict:
@@ -86,7 +83,8 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     spec["checkpoint"]: a `.safetensors` file in the released layout (tests/data/mimi_manifest.json), loaded
     by moshi's loader (strict); without it `torch.manual_seed(seed)`, the stock constructors, then
     `randomize_(model, seed + 1)`. depth: "released" or "reduced" (`REDUCED`). Raises InputError (depth),
-    FileNotFoundError, CheckpointError naming missing / unexpected / mis-shaped keys."""
+    MissingFileError (no file there), CheckpointError (not a .safetensors file, unreadable, or missing /
+    unexpected / mis-shaped keys)."""
     loaders, cfg, checkpoint = upstream.moshi()[0], mimi_config(depth), spec.get("checkpoint")
     device = torch.device(device)
     torch.manual_seed(seed)
@@ -96,14 +94,17 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
         return _materialise_codebooks(model)
     path = Path(checkpoint)
     if not path.is_file():
-        raise FileNotFoundError(f"spec['checkpoint']: {path} does not exist")
+        raise MissingFileError(f"spec['checkpoint']: {path} is not a file (expected a .safetensors file in the "
+                               f"released layout)")
     if path.suffix not in (".safetensors", ".sft", ".sfts"):
         raise CheckpointError(f"spec['checkpoint']: expected a .safetensors file (released layout), got {path}")
     try:
         model = loaders.get_mimi(str(path), cfg, device=device, num_codebooks=N_Q)
-    except RuntimeError as exc:   # torch's load_state_dict(strict=True) names every bad key
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, safetensors.SafetensorError) as exc:   # load_state_dict(strict=True) names every bad key
         raise CheckpointError(f"spec['checkpoint']: {path} does not match the {depth} Mimi layout "
-                              f"(moshi=={upstream.STOCK_VERSIONS['moshi']} get_mimi): {exc}") from exc
+                              f"(moshi=={upstream.STOCK_VERSIONS['moshi']} get_mimi): {one_line(exc)}") from exc
     return _materialise_codebooks(model)
 
 
