@@ -282,6 +282,25 @@ def test_the_search_finds_a_fake_devices_capacity_and_records_the_bracket(fake, 
     assert out["invalid_reasons"] == [] and any("not compared with themselves alone" in n for n in out["notes"])
 
 
+def test_references_run_after_the_count_and_a_checkpoint_keeps_the_count_before_they_do(fake, monkeypatch):
+    """No unit of a session's script runs in the process before it arrives on the cadence: each session alone (its
+    reference) runs after the count. The count is checkpointed once its cadence has run, its bytes pending, so a
+    count whose references are cut still leaves its cadence in the record; then the bytes are compared."""
+    order, snapshots = [], []
+    real_run, real_ref = duplex.run_sessions, duplex.reference
+    monkeypatch.setattr(duplex, "run_sessions", lambda *a, **k: (order.append("count"), real_run(*a, **k))[1])
+    monkeypatch.setattr(duplex, "reference", lambda *a, **k: (order.append("alone"), real_ref(*a, **k))[1])
+
+    def on_run(record):
+        snapshots.append((list(order), [dict(r.get("bytes") or {}) for r in record["modes"]["cadence"]["runs"]]))
+    duplex.measure_workload(fakes.workload(), device="cpu", ar_spec="none", modes=("cadence",), traffic=SHORT,
+                            counts={"cadence": [2]}, progress=False, clock=FakeClock, on_run=on_run)
+    assert order == ["count", "alone", "alone"]
+    (seen_first, bytes_first), (seen_last, bytes_last) = snapshots[0], snapshots[-1]
+    assert seen_first == ["count"] and list(bytes_first[0]) == ["pending"]
+    assert seen_last == order and bytes_last[0]["checked"] == 2 and bytes_last[0]["mismatches"] == []
+
+
 def test_a_count_that_does_not_fit_is_refused_before_it_is_built_and_bounds_the_search(fake, monkeypatch):
     """Fake sessions hold 4096 arena bytes and 1 KiB per graph: 7 KiB at open, up to 9 KiB after the slack
     captured what their scripts met. With 36 KiB for sessions, 4 fit; then 9 KiB each is the measured size and

@@ -367,3 +367,23 @@ def test_a_mode_with_no_measured_unit_shows_no_verdict_of_its_own():
     stock, cadence = [line for line in text.splitlines() if line.startswith(("| stock", "| cadence"))]
     assert stock.rstrip(" |").endswith("— (no unit measured)") and "VALID" not in stock
     assert cadence.rstrip(" |").endswith("VALID") and "the mode's own checks" in text
+
+
+@pytest.mark.parametrize("stages, text, verdict", [
+    pytest.param({"duplex_cadence": ("done", [])}, "duplex: every session equal to itself alone", "met", id="done"),
+    pytest.param({"duplex_cadence": ("failed", ["partial"])},
+                 "duplex: not all compared in duplex_cadence: unfinished", "open", id="unfinished-alone"),
+    pytest.param({"duplex_stock": ("done", []), "duplex_cadence": ("failed", ["partial"])},
+                 "duplex: every session equal to itself alone (not all compared in duplex_cadence: unfinished)", "met",
+                 id="one-of-two-unfinished"),
+    pytest.param({"duplex_cadence": ("failed", ["partial", "mismatch"])},
+                 "duplex: sessions DIFFER from themselves alone in duplex_cadence", "not met", id="unfinished-differs"),
+])
+def test_bytes_equal_claims_no_equality_for_a_duplex_stage_that_did_not_finish(stages, text, verdict):
+    """A duplex stage cut before its last count's sessions ran alone (a PARTIAL checkpoint) compared not every
+    session: the bytes claim says so, and does not call the bytes equal on its account."""
+    from suite.report import claims
+    entry = {h: {"duplex": {"record": {}}, "state": {"status": st, "invalid_codes": codes}}
+             for h, (st, codes) in stages.items()}
+    row = claims.bytes_equal("fake", entry)
+    assert (row.ours_text, row.verdict) == (text, verdict)

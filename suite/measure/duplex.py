@@ -20,10 +20,12 @@ the recordings meet (workloads.traffic.split), and then runs every session on th
 a session's recording was seen; `--prepare oracle` also captures its own script's signatures at open
 (foreknowledge: labelled, never the headline). Policies: "edf" (one thread; slack jobs in idle time, or
 `--slack after`: right after the unit) or "threads" (a thread and a CUDA stream per session; sessions that are
-not `concurrent` hold their model instance's lock around the tail and their slack captures). Every session's bytes are compared with the same
-session run alone (the first `--reference-sessions`; all by default; with `learned:K` the references capture
-`prepare(None)` only: graphs change no byte). Writes --out/duplex.json (checkpointed
-after every count, verdict PARTIAL until the end). Exit status: 0 VALID, EXIT_INVALID (1) for a complete
+not `concurrent` hold their model instance's lock around the tail and their slack captures). Every session's
+bytes are compared with the same session run alone (the first `--reference-sessions`; all by default; with
+`learned:K` the references capture `prepare(None)` only: graphs change no byte), run after the count, so that
+no unit of a session's script runs in the process before that unit arrives on the cadence. Writes
+--out/duplex.json (checkpointed after every count's cadence, its bytes pending, and again once they are
+compared; verdict PARTIAL until the end). Exit status: 0 VALID, EXIT_INVALID (1) for a complete
 INVALID record, 2 for bad arguments.
 """
 from __future__ import annotations
@@ -105,7 +107,10 @@ class ModeSearch:
         if self.ctx["progress"]:
             print(f"  {self.ctx['workload'].name} {self.mode} N={n}: refused: {reason}", flush=True)
 
-    def one(self, n: int) -> None:
+    def one(self, n: int, checkpoint=None) -> None:
+        """Run the count of `n` sessions, then each session alone (its reference, once per script) and compare
+        their bytes. checkpoint(): called once the count's cadence has run, its bytes not yet compared (the
+        run is in `self.runs` then, its "bytes" pending)."""
         c, t0 = self.ctx, time.monotonic()
         budget = c["budget_bytes"]
         if self.per_session_bytes and budget is not None and n * self.per_session_bytes > budget:
@@ -114,13 +119,6 @@ class ModeSearch:
                                   f"a run: arena + graphs + its other tensors) = {n * per} bytes > the {budget} bytes "
                                   f"left for sessions beside the model ({c['model_bytes']} bytes)")
         session_plans = plans(c["workload"], n, c["traffic"])
-        limit = n if c["reference_sessions"] is None else min(n, c["reference_sessions"])
-        for p in session_plans[:limit]:
-            if p.key not in self.refs:
-                t = time.monotonic()
-                self.refs[p.key] = reference(c["workload"], self.mode, p, c["model"], c["adapter"], c["spec"],
-                                             c["ar"], c["device"], self.reference_prepare)
-                self.ref_s.append(time.monotonic() - t)
         try:
             run = run_sessions(c["workload"], self.mode, session_plans, model=c["model"], adapter=c["adapter"],
                                spec=c["spec"], ar=c["ar"], device=c["device"], policy=self.policy, slack=c["slack"],
@@ -131,6 +129,17 @@ class ModeSearch:
             gc.collect()
             release_cached(c["device"])
             return self.refuse(n, f"{type(exc).__name__}: {exc}")
+        self.runs.append({**run, "bytes": {"pending": "the sessions alone run after the count"}})
+        if checkpoint is not None:              # the count's cadence is kept even if its references are cut
+            checkpoint()
+        self.runs.pop()
+        limit = n if c["reference_sessions"] is None else min(n, c["reference_sessions"])
+        for p in session_plans[:limit]:         # after the count: nothing of a script runs before its units
+            if p.key not in self.refs:
+                t = time.monotonic()
+                self.refs[p.key] = reference(c["workload"], self.mode, p, c["model"], c["adapter"], c["spec"],
+                                             c["ar"], c["device"], self.reference_prepare)
+                self.ref_s.append(time.monotonic() - t)
         run["bytes"] = check_bytes(run, self.refs, [p.key for p in session_plans])
         self.reasons += run["bytes"]["mismatches"]
         if run["captures_inside_timed_units"]:
@@ -201,11 +210,13 @@ def measure_workload(workload, *, device, ar_spec: str, modes=MODES, policy: dic
         ms = ModeSearch(ctx, mode, search, policy=mode_policy, prepare=how)
         out["process_warm_up"][mode] = warm_process(workload, mode, model, adapter, spec, ar, device)
         try:
-            while (n := search.next(ms.estimate_s)) is not None:
-                ms.one(n)
+            def checkpoint():
                 out["modes"][mode] = ms.record(done=False)
                 if on_run is not None:
                     on_run({**out, "invalid_reasons": out["invalid_reasons"] + ms.reasons})
+            while (n := search.next(ms.estimate_s)) is not None:
+                ms.one(n, checkpoint)
+                checkpoint()
         finally:
             ms.close()
         out["modes"][mode] = ms.record(done=True)
