@@ -129,10 +129,10 @@ class ModeSearch:
             gc.collect()
             release_cached(c["device"])
             return self.refuse(n, f"{type(exc).__name__}: {exc}")
-        self.runs.append({**run, "bytes": {"pending": "the sessions alone run after the count"}})
+        run["bytes"] = {"pending": "the sessions alone run after the count"}
+        self.runs.append(run)
         if checkpoint is not None:              # the count's cadence is kept even if its references are cut
             checkpoint()
-        self.runs.pop()
         limit = n if c["reference_sessions"] is None else min(n, c["reference_sessions"])
         for p in session_plans[:limit]:         # after the count: nothing of a script runs before its units
             if p.key not in self.refs:
@@ -147,7 +147,6 @@ class ModeSearch:
         if run["bytes"]["unchecked"]:
             self.notes.append(f"{self.mode} N={n}: {len(run['bytes']['unchecked'])} session(s) not compared with "
                               f"themselves alone (--reference-sessions {c['reference_sessions']})")
-        self.runs.append(run)
         self.build_s += [a["build_s"] for a in run["admission"] if not a["reused"]]
         ends = [s["footprint_end_bytes"] for s in run["capture"]]
         self.per_session_bytes = max([self.per_session_bytes or 0, *ends]) or None
