@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import re
 import random
 import threading
 import time
@@ -540,6 +541,25 @@ def test_an_unreadable_checkpoint_is_a_checkpoint_error_naming_it(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors header")
     with pytest.raises(c2w.CheckpointError, match=r"cannot be read as the reduced Code2Wav layout: SafetensorError"):
         c2w.build_model({"dtype": "float32", "checkpoint": str(tmp_path)}, depth="reduced")
+
+
+@pytest.mark.parametrize("files", [
+    pytest.param({"config.json": "[1, 2]"}, id="config-a-list"),
+    pytest.param({"config.json": '{"model_type": "bert"}'}, id="config-another-model"),
+    pytest.param({"model.safetensors.index.json": '{"weight_map": {}}'}, id="index-without-metadata"),
+    pytest.param({"pytorch_model.bin": "garbage"}, id="garbage-bin"),
+])
+def test_a_checkpoint_directory_that_is_not_the_layout_is_a_checkpoint_error(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(c2w.CheckpointError, match=rf"^spec\['checkpoint'\]: {re.escape(str(tmp_path))} cannot be read"):
+        c2w.build_model({"dtype": "float32", "checkpoint": str(tmp_path)}, depth="reduced")
+
+
+@pytest.mark.parametrize("dtype", [["float32"], {"float32": 1}, None])
+def test_a_dtype_that_is_not_a_name_is_named(dtype):
+    with pytest.raises(InputError, match=r"^spec\['dtype'\]: expected one of \['bfloat16', 'float32'\], got "):
+        c2w.build_model({"dtype": dtype}, depth="reduced")
 
 
 # --- the released config, a few small units ------------------------------------------------------------

@@ -151,6 +151,46 @@ def test_build_model_names_a_missing_or_bad_spec_key():
         fh.build_model({"voice_prompt": str(VOICE)}, depth="tiny")
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("variant", ["minicpmo45", "stepaudio2"])
+def test_a_voice_prompt_of_non_finite_samples_is_refused_before_a_build(tmp_path, bad, variant):
+    import soundfile as sf
+    from duplexcadence.adapters import flow_hift as fh
+    audio = np.full(24000, 0.1, np.float32)
+    audio[1000] = bad
+    voice = tmp_path / "voice.wav"
+    sf.write(voice, audio, 24000, subtype="FLOAT")
+    empty = tmp_path / "ckpt"                # a checkpoint the build would refuse: the voice is named first
+    empty.mkdir()
+    for checkpoint in (None, str(empty)):
+        with pytest.raises(InputError, match=rf"^voice_prompt: {re.escape(str(voice))} holds non-finite samples"):
+            fh.build_model({"variant": variant, "voice_prompt": str(voice), "checkpoint": checkpoint}, depth="reduced")
+
+
+def test_a_voice_prompt_that_is_not_a_regular_file_says_so(tmp_path):
+    from duplexcadence.runtime import open_model
+    fifo = tmp_path / "voice.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match=rf"^voice_prompt: {re.escape(str(fifo))} is not a regular file"):
+        open_model("minicpmo45", depth="reduced", voice_prompt=str(fifo))
+
+
+def test_n_timesteps_takes_a_numpy_int_as_a_plain_int():
+    assert build.check_steps(np.int64(3)) == 3 and type(build.check_steps(np.int64(3))) is int
+    for bad in (np.float64(3), True, 17, np.int64(0)):
+        with pytest.raises(InputError, match=r"^n_timesteps: expected an int in \[1, 16\]"):
+            build.check_steps(bad)
+
+
+def test_a_flow_yaml_with_a_plain_mapping_is_a_checkpoint_error(checkpoint, tmp_path):
+    for name in FILES:
+        if name != "flow.yaml":
+            os.link(checkpoint[0] / name, tmp_path / name)
+    (tmp_path / "flow.yaml").write_text("flow:\n  decoder: 1\n")
+    with pytest.raises(build.CheckpointError, match=rf"^{re.escape(str(tmp_path / 'flow.yaml'))}: not a flow config"):
+        build.build_token2wav(model_dir=tmp_path, n_timesteps=2, device="cpu")
+
+
 @pytest.mark.parametrize("name", ["minicpmo45", "stepaudio2_mini"])
 def test_every_released_model_opens_by_name_and_speaks(name):
     """duplexcadence.runtime.open_model reaches both models of the family (Step-Audio 2 through spec variant

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from duplexcadence import clocks, runtime
+from duplexcadence.clocks import Signature
 from duplexcadence.errors import ClosedError, InputError, LimitError, MissingFileError
 
 
@@ -82,6 +83,48 @@ def test_prepare_names_signatures_and_a_closed_session_is_refused(models, name, 
         session.prepare()
 
 
+def flow_script_signatures(session, seed: int = 0) -> list:
+    """Every signature of 6 turns of 1-12 units of random sizes (each turn's last final), walked on the clocks."""
+    rng, clock, out = np.random.default_rng(seed), session.clocks(), {}
+    for _ in range(6):
+        clock.start_turn()
+        units = int(rng.integers(1, 13))
+        for k in range(units):
+            size = int(rng.integers(0, 26)) if k else 25
+            try:
+                out.update(dict.fromkeys(clock.copy().unit(size, k == units - 1)))
+                clock.unit(size, k == units - 1)
+            except InputError:                       # a size this clock refuses here (Step-Audio 2's 1-token call)
+                continue
+    return list(out)
+
+
+@pytest.mark.parametrize("name", ["minicpmo45", "stepaudio2_mini"])
+def test_a_flow_cadence_prepares_every_signature_its_clocks_give_and_refuses_others(models, name):
+    session = models[name].session("cadence")
+    try:
+        real = flow_script_signatures(session)
+        assert len({s.step for s in real}) == 2 and len(real) > 10
+        assert session.prepare(real)["captures"] == 0            # CPU: checked, nothing captured
+        first = {s.step: s for s in reversed(real)}
+        flow, second = (first["flow"], first["vocoder"]) if name == "minicpmo45" else (first["dit"], first["hift"])
+        length = flow.lengths[0][0]
+        bad = [Signature(flow.step, 3), flow._replace(size=10**9), flow._replace(size=0),
+               flow._replace(lengths=((length, -1),) + flow.lengths[1:]), flow._replace(step="window"),
+               flow._replace(exact=flow.exact + (("zz", 1),)), second._replace(size=1.5),
+               second._replace(exact=tuple((k, "x") for k, _ in second.exact))]
+        bad.append(flow._replace(exact=(("last_chunk", "no"),)) if name == "minicpmo45"
+                   else flow._replace(exact=(("n_timesteps", 3),)))
+        state = session.clocks()
+        for sig in bad:
+            with pytest.raises(InputError, match=r"^signatures: (expected Signatures of steps|.* is not a step of this "
+                                                 r"session \(e\.g\. Signature)"):
+                session.prepare([real[0], sig])
+        assert session.clocks() == state
+    finally:
+        session.close()
+
+
 @pytest.mark.parametrize("bad, match", [([[2**63]] * 8, r"code id 9223372036854775808 outside"),
                                         (np.full((8, 1), 2**64 - 1, dtype=np.uint64), r"code id 18446744073709551615"),
                                         (torch.zeros(8, 1, dtype=torch.int64).to_sparse(), r"dense integer tensor"),
@@ -137,12 +180,26 @@ def test_signatures_name_size_and_a_closed_session_says_signatures(models, name)
     if name == "moshi":                                     # the unit region's bound, named by `size`
         with pytest.raises(LimitError, match=r"^size: region 'unit': a step of \+1000000 frames"):
             session.signatures(1_000_000)
-        with pytest.raises(InputError, match=r"^size: frames: expected an int in \[1, inf\], got 0"):
+        with pytest.raises(InputError, match=r"^size: expected an int in \[1, inf\], got 0 \(int\)"):
             session.signatures(0)
     assert session.clocks() == before
     session.close()
     with pytest.raises(ClosedError, match="^signatures: the session is closed"):
         session.signatures(1)
+
+
+@pytest.mark.parametrize("name", ["minicpmo45", "stepaudio2_mini"])
+def test_signatures_past_a_units_tokens_name_size(models, name):
+    session = models[name].session("cadence")
+    session.start_turn()
+    before = session.clocks()
+    try:
+        with pytest.raises(InputError, match=r"^size: expected an int in \[0, 25\], got 26 \(int\)$"):
+            session.signatures(26)
+        assert session.clocks() == before
+        assert session.signatures(25) == before.copy().unit(25)
+    finally:
+        session.close()
 
 
 def test_signatures_without_an_open_turn_say_signatures_not_speak(models):

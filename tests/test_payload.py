@@ -276,3 +276,81 @@ def test_check_tokens_takes_a_1d_integer_cpu_tensor_and_names_any_other():
                 torch.quantize_per_tensor(torch.tensor([1.0, 2.0]), 1.0, 0, torch.quint8)):
         with pytest.raises(InputError, match=r"^tokens: expected a sequence of ints in \[0, 6561\) \(as a tensor: 1-D, dense, integer"):
             check_tokens(bad, vocab=VOCAB, max_count=MAX_TOKENS)
+
+
+# --- callers' objects that lie: each value is read once, from what is stored ------------------------
+class Liar(int):
+    """An int whose comparisons, __int__ and __index__ lie (it passes any bound if they are asked)."""
+    def __lt__(self, other): return False
+    def __gt__(self, other): return False
+    def __le__(self, other): return True
+    def __ge__(self, other): return True
+    def __int__(self): return 0
+    def __index__(self): return 0
+
+
+class Flip(int):
+    """An int whose __int__ answers differently on every call."""
+    calls = 0
+
+    def __int__(self):
+        Flip.calls += 1
+        return 10**9 if Flip.calls % 2 == 0 else 1
+
+
+def test_check_int_reads_an_int_subclass_by_its_value_not_its_methods():
+    with pytest.raises(InputError, match=r"^size: expected an int in \[0, 100\], got 1000000000 \(Liar\)$"):
+        check_int("size", Liar(10**9), low=0, high=100)
+    out = check_int("size", Liar(7), low=0, high=100)
+    assert out == 7 and type(out) is int
+
+
+def test_check_tokens_uses_the_id_it_checked():
+    out = check_tokens([Flip(6000), Flip(5)], vocab=VOCAB, max_count=MAX_TOKENS)
+    assert out == [6000, 5] and all(type(t) is int for t in out)
+    with pytest.raises(InputError, match=r"^tokens\[0\]: token id 1000000000 outside \[0, 6561\)$"):
+        check_tokens([Liar(10**9)], vocab=VOCAB, max_count=MAX_TOKENS)
+
+
+def test_a_numpy_timedelta_is_not_an_int():
+    assert not is_int(np.timedelta64(3))
+    with pytest.raises(InputError, match=r"^n: expected an int, got .*\(timedelta64\)$"):
+        check_int("n", np.timedelta64(3))
+    with pytest.raises(InputError, match=r"^tokens\[0\]: expected an int token id"):
+        check_tokens([np.timedelta64(3)], vocab=VOCAB, max_count=MAX_TOKENS)
+
+
+class Raising:
+    def __iter__(self):
+        yield 1
+        raise KeyError("boom")
+
+
+def test_an_iterable_that_raises_is_an_input_error_naming_the_argument():
+    with pytest.raises(InputError, match=r"^tokens: iterating it raised KeyError: 'boom'$"):
+        check_tokens(Raising(), vocab=VOCAB, max_count=MAX_TOKENS)
+
+
+class LyingList(list):
+    """A list whose len() and iteration lie about what it stores."""
+    def __len__(self): return 3
+    def __iter__(self): return iter([0] * 3)
+
+
+def test_check_codes_reads_what_a_list_stores_not_what_it_says():
+    rows = LyingList([LyingList([1, 2]) for _ in range(N_Q)])
+    out = check_codes(rows, n_q=N_Q, cardinality=CARD, max_frames=MAX_FRAMES)
+    assert out.tolist() == [[1, 2]] * N_Q
+    short = LyingList([[1]] * (N_Q - 1))
+    with pytest.raises(InputError, match=rf"^codes: expected {N_Q} codebooks, got {N_Q - 1}$"):
+        check_codes(short, n_q=N_Q, cardinality=CARD, max_frames=MAX_FRAMES)
+    ragged = [[1, 2]] * (N_Q - 1) + [LyingList([1])]
+    with pytest.raises(InputError, match=r"^codes: every codebook needs the same frame count, got lengths \[1, 2\]$"):
+        check_codes(ragged, n_q=N_Q, cardinality=CARD, max_frames=MAX_FRAMES)
+
+
+@pytest.mark.parametrize("dtype", [">i8", ">u2", "<i4"])
+def test_check_codes_takes_an_integer_array_of_either_byte_order(dtype):
+    ids = np.arange(2 * N_Q, dtype=dtype).reshape(N_Q, 2)
+    out = check_codes(ids, n_q=N_Q, cardinality=CARD, max_frames=MAX_FRAMES)
+    assert out.dtype == torch.int64 and out.tolist() == np.arange(2 * N_Q).reshape(N_Q, 2).tolist()

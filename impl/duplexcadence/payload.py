@@ -5,6 +5,8 @@ value; none changes any state, so a session can check its whole unit before anyt
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 
@@ -17,17 +19,64 @@ INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, to
 
 
 def is_int(x) -> bool:
-    """An int (numpy ints too) that is not a bool."""
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+    """An int (numpy ints too) that is not a bool or a numpy timedelta."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_, np.timedelta64))
+
+
+def as_int(x):
+    """`x` as a plain int if it is one (is_int), read once: an int subclass's own value (its overridden
+    comparisons, __int__ and __index__ are never called), a numpy int's value; else None."""
+    if not is_int(x):
+        return None
+    if isinstance(x, int):
+        return int.__int__(x)
+    try:
+        return operator.index(x)
+    except Exception:                               # a numpy int subclass whose __index__ raises
+        return None
 
 
 def check_int(name: str, x, *, low: int | None = None, high: int | None = None, error=InputError) -> int:
-    """`x` as an int in [low, high] (either bound optional). Raises `error` (InputError) naming `name`."""
-    if not is_int(x) or (low is not None and x < low) or (high is not None and x > high):
+    """`x` as a plain int in [low, high] (either bound optional), read once (as_int): the value checked is the
+    value returned. Raises `error` (InputError) naming `name`."""
+    v = as_int(x)
+    if v is None or (low is not None and v < low) or (high is not None and v > high):
         bounds = f" in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
         raise error(f"{name}: expected an int{bounds if low is not None or high is not None else ''}, "
-                    f"got {x!r} ({type(x).__name__})")
-    return int(x)
+                    f"got {_shown(x)} ({type(x).__name__})")
+    return v
+
+
+def _shown(x) -> str:
+    """The caller's value for an error message: an int's own value, else repr(x) (whatever its __repr__ does)."""
+    v = as_int(x)
+    if v is not None:
+        return repr(v)
+    try:
+        return repr(x)
+    except Exception:
+        return f"<{type(x).__name__}>"
+
+
+def _stored(seq: list | tuple) -> list:
+    """A list's or tuple's stored items, read past any __iter__ / __len__ a subclass overrides."""
+    return list(list.__iter__(seq)) if isinstance(seq, list) else list(tuple.__iter__(seq))
+
+
+def _items(name: str, values, limit: int) -> list:
+    """The first `limit` + 1 items of a caller's iterable (an endless one stops there), as a list; an exception
+    its __iter__ / __next__ raises becomes an InputError naming `name` (a DuplexCadence error passes as is)."""
+    out = []
+    try:
+        for v in values:
+            out.append(v)
+            if len(out) > limit:
+                break
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"{name}: iterating it raised {type(exc).__name__}: {exc}") from None
+    return out
 
 
 def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") -> list[int]:
@@ -40,18 +89,20 @@ def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") ->
                              f"on the CPU), got {list(tokens.shape)} {tokens.dtype} on {tokens.device}")
         tokens = tokens.tolist()
     if (isinstance(tokens, _NOT_A_SEQUENCE) or not hasattr(tokens, "__iter__")
-            or getattr(tokens, "ndim", 1) == 0):
+            or isinstance(getattr(tokens, "ndim", 1), int) and getattr(tokens, "ndim", 1) == 0):
         raise InputError(f"{name}: expected a sequence of ints in [0, {vocab}), got {type(tokens).__name__}")
+    items = _items(name, tokens, max_count)
+    if len(items) > max_count:                   # an endless iterator ends here
+        got = len(tokens) if isinstance(tokens, (list, tuple, np.ndarray)) else "more"
+        raise InputError(f"{name}: at most {max_count} per unit, got {got}")
     out = []
-    for i, t in enumerate(tokens):
-        if i == max_count:                       # an endless iterator ends here
-            got = len(tokens) if hasattr(tokens, "__len__") else "more"
-            raise InputError(f"{name}: at most {max_count} per unit, got {got}")
-        if not is_int(t):
-            raise InputError(f"{name}[{i}]: expected an int token id, got {t!r} ({type(t).__name__})")
-        if not 0 <= int(t) < vocab:
-            raise InputError(f"{name}[{i}]: token id {int(t)} outside [0, {vocab})")
-        out.append(int(t))
+    for i, t in enumerate(items):
+        v = as_int(t)                            # read once: the id checked is the id used
+        if v is None:
+            raise InputError(f"{name}[{i}]: expected an int token id, got {_shown(t)} ({type(t).__name__})")
+        if not 0 <= v < vocab:
+            raise InputError(f"{name}[{i}]: token id {v} outside [0, {vocab})")
+        out.append(v)
     return out
 
 
@@ -76,7 +127,8 @@ def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int | None, na
         if isinstance(codes, torch.Tensor) and codes.dtype not in INT_DTYPES:
             raise InputError(f"{name}: expected an integer tensor [{n_q}, frames], got dtype {codes.dtype}")
         try:
-            t = torch.as_tensor(np.array(codes, order="C") if isinstance(codes, np.ndarray) else codes)
+            t = torch.as_tensor(np.array(codes, order="C", dtype=codes.dtype.newbyteorder("="))   # native byte order
+                                if isinstance(codes, np.ndarray) else codes)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise InputError(f"{name}: expected an integer array [{n_q}, frames], got {exc}") from None
         if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
@@ -92,20 +144,25 @@ def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int | None, na
     else:
         if isinstance(codes, (str, bytes)) or not isinstance(codes, (list, tuple)):
             raise InputError(f"{name}: expected {want} as a list of {n_q} lists, got {type(codes).__name__}")
-        if len(codes) != n_q:
-            raise InputError(f"{name}: expected {n_q} codebooks, got {len(codes)}")
-        for q, row in enumerate(codes):
+        rows = _stored(codes)
+        if len(rows) != n_q:
+            raise InputError(f"{name}: expected {n_q} codebooks, got {len(rows)}")
+        matrix = []
+        for q, row in enumerate(rows):
             if not isinstance(row, (list, tuple)):
                 raise InputError(f"{name}[{q}]: expected a list of ints, got {type(row).__name__}")
-            for f, c in enumerate(row):
-                if not is_int(c):
-                    raise InputError(f"{name}[{q}][{f}]: expected an int code id, got {c!r} ({type(c).__name__})")
-                if not 0 <= int(c) < cardinality:
-                    raise InputError(f"{name}[{q}][{f}]: code id {int(c)} outside [0, {cardinality})")
-        lengths = sorted({len(row) for row in codes})
+            matrix.append([])
+            for f, c in enumerate(_stored(row)):
+                v = as_int(c)                           # read once: the id checked is the id used
+                if v is None:
+                    raise InputError(f"{name}[{q}][{f}]: expected an int code id, got {_shown(c)} ({type(c).__name__})")
+                if not 0 <= v < cardinality:
+                    raise InputError(f"{name}[{q}][{f}]: code id {v} outside [0, {cardinality})")
+                matrix[q].append(v)
+        lengths = sorted({len(row) for row in matrix})
         if len(lengths) != 1:
             raise InputError(f"{name}: every codebook needs the same frame count, got lengths {lengths}")
-        t = torch.tensor([[int(c) for c in row] for row in codes], dtype=torch.int64).reshape(n_q, lengths[0])
+        t = torch.tensor(matrix, dtype=torch.int64).reshape(n_q, lengths[0])
     frames = int(t.shape[1])
     if frames < 1 or (max_frames is not None and frames > max_frames):
         raise InputError(f"{name}: expected {span} frames per unit (12.5 Hz), got {frames}")

@@ -151,7 +151,8 @@ class ClockState(abc.ABC):
     @abc.abstractmethod
     def unit(self, size: int, final: bool = False) -> list[Signature]:
         """Advance by one SPEAK unit of `size` tokens / frames; return the signatures of its steps, in order.
-        Raises what speak would raise for that size (InputError; LimitError past a bound)."""
+        Raises what speak would raise for that size (InputError, naming `size` for a size no unit can have;
+        LimitError past a bound)."""
 
     def copy(self) -> "ClockState":
         return copy.deepcopy(self)
@@ -247,15 +248,16 @@ class Session(abc.ABC):
         `size` for a size the session would refuse (or `final` for one that is not a bool), LimitError (a
         ClockError) naming `size` past a bound."""
         self.check_open("signatures")
-        check_int("size", size, low=0)
-        final = check_final(final)
+        size, final = check_int("size", size, low=0), check_final(final)
         clocks = self.clocks()
         try:
             return clocks.unit(size, final)
         except LimitError as exc:                   # a bound the payload size would cross
             raise type(exc)(f"size: {exc}", session_usable=exc.session_usable) from None
-        except InputError as exc:                   # ClockState.unit words its errors as speak's
+        except InputError as exc:                   # ClockState.unit names `size`, or words its errors as speak's
             what = str(exc)
+            if what.startswith("size:"):
+                raise
             if what.startswith(f"{self.capabilities.payload}:"):
                 raise InputError(f"size: {what}") from None
             raise InputError(f"signatures: {what.removeprefix('speak: ')}") from None

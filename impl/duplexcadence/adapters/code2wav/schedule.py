@@ -109,7 +109,7 @@ class Turn(ClockState):
         turn (a turn closes after its final unit) or for a size below 1, LimitError past 13 frames."""
         if self.ctx is None:
             raise InputError("speak: no open turn (call start_turn first; a turn closes after its final unit)")
-        size = check_int("frames", size, low=1)
+        size = check_int("size", size, low=1)
         UNIT.step(0, size)
         calls, after = plan_unit(self.ctx, size, final, left_context=self.left_context, initial=self.initial)
         self.frames, self.units, self.ctx = self.frames + size, self.units + 1, None if final else after

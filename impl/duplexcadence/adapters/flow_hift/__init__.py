@@ -33,7 +33,8 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     """The stock model of `spec` with seeded random weights (or "checkpoint", a directory in the variant's released
     layout: build.build_token2wav, build.build_stepaudio2_token2wav) and its voice prompt. spec: "voice_prompt" (a 24 kHz WAV; required), "variant", "n_timesteps"
     (Euler steps, 1-16; 10), "prompt_seconds" (None: the whole WAV; default facts.PROMPT_SECONDS). depth:
-    "released" | "reduced" (facts.REDUCED). Raises InputError naming a missing or bad key, FileNotFoundError."""
+    "released" | "reduced" (facts.REDUCED). Raises InputError naming a missing or bad key (the voice prompt is
+    read and checked before the model is built), MissingFileError, CheckpointError."""
     variant = dict(spec).get("variant") or "minicpmo45"
     if variant not in facts.VARIANTS:
         raise InputError(f"spec['variant']: expected one of {facts.VARIANTS}, got {variant!r}")
@@ -43,6 +44,8 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
         raise InputError("spec['voice_prompt']: required: the path of a 24 kHz WAV of the voice to speak in")
     steps = build.check_steps(spec.get("n_timesteps", 10))
     layers = facts.RELEASED if depth == "released" else facts.REDUCED
+    prompt = build.prepare_prompt(spec["voice_prompt"], device=device,      # a bad voice fails before a build
+                                  seconds=spec.get("prompt_seconds", facts.PROMPT_SECONDS[variant]))
     if variant == "minicpmo45":
         t2w = build.build_token2wav(spec.get("checkpoint"), n_timesteps=steps, device=device, seed=seed, depth=layers)
     elif spec.get("checkpoint"):
@@ -50,8 +53,6 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     else:
         t2w = build.build_stock_token2wav(n_timesteps=steps, device=device, seed=seed, depth=layers,
                                           hift_config=facts.HIFT_CONFIG if depth == "released" else facts.HIFT_REDUCED)
-    prompt = build.prepare_prompt(spec["voice_prompt"], device=device,
-                                  seconds=spec.get("prompt_seconds", facts.PROMPT_SECONDS[variant]))
     build.install_prompt(t2w, prompt)
     return Model(t2w, prompt, dict(spec), variant, seed)
 

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from duplexcadence import gate, upstream
 from duplexcadence.errors import CheckpointError, InputError, MissingFileError, one_line
+from duplexcadence.payload import as_int
 from duplexcadence.runtime import model_state
 
 import duplexcadence.adapters.flow_hift.facts as facts
@@ -93,12 +94,12 @@ def load_flow(path: Path, n_timesteps: int):
     with _placeholder_buffers():
         try:
             flow = upstream.stepaudio2()._load_config(path)["flow"]
-        except torch.OutOfMemoryError:
+            cfm, dit = flow.decoder, flow.decoder.estimator
+            layers = len(dit.blocks)
+        except (torch.OutOfMemoryError, MemoryError):
             raise
         except Exception as exc:                    # not YAML, no "flow" entry, a class hyperpyyaml cannot build
             raise CheckpointError(f"{path}: not a flow config in the released layout ({one_line(exc)})") from exc
-    cfm, dit = flow.decoder, flow.decoder.estimator
-    layers = len(dit.blocks)
     for mod, lead in ((cfm, (n_timesteps, layers)), (dit, (layers,))):
         for name in ("att_cache_buffer", "cnn_cache_buffer"):
             shape = tuple(mod._buffers[name].shape)
@@ -109,10 +110,12 @@ def load_flow(path: Path, n_timesteps: int):
 
 
 def check_steps(n_timesteps) -> int:
-    if isinstance(n_timesteps, bool) or not isinstance(n_timesteps, int) or not 1 <= n_timesteps <= 16:
+    """Euler steps as a plain int in [1, 16] (a numpy int too). Raises InputError naming n_timesteps."""
+    steps = as_int(n_timesteps)
+    if steps is None or not 1 <= steps <= 16:
         raise InputError(f"n_timesteps: expected an int in [1, 16] (the stock DiT buffers hold 16 steps), "
                          f"got {n_timesteps!r}")
-    return n_timesteps
+    return steps
 
 
 def build_token2wav(model_dir=None, *, n_timesteps: int = 10, device="cpu", seed: int = 0, depth=None):
@@ -148,7 +151,7 @@ def build_token2wav(model_dir=None, *, n_timesteps: int = 10, device="cpu", seed
         load_strict(flow, model_dir / "flow.pt")
         try:                                        # reads config.yaml and hift.pt (token2wav.py L62-77)
             hift, checkpoint, _ = t2w_mod.load_causal_vocoder(model_dir, device)
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, MemoryError):
             raise
         except Exception as exc:
             raise CheckpointError(f"{model_dir / 'hift.pt'} (with config.yaml): the vocoder does not load "
@@ -278,7 +281,7 @@ def load_strict(module: torch.nn.Module, path: Path, rename=str) -> None:
     want = module.state_dict()
     try:
         state = {rename(k): v for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, MemoryError):
         raise
     except Exception as exc:                        # unpickling, a truncated zip, not a dict of tensors ...
         raise CheckpointError(f"{path}: torch.load failed ({one_line(exc)})") from exc
@@ -327,7 +330,8 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
     Stand-in (documented, deterministic): the S3 tokenizer and CAMPPlus ONNX models ship with the weights and
     are unavailable, so the n = floor(16 kHz samples / 640) tokens and the 192-d speaker embedding are drawn
     from a generator seeded by the sha256 of the samples. seconds: keep the first `seconds` (None: all).
-    Raises MissingFileError / InputError naming the file (missing, a directory, unreadable, not 24 kHz, < 0.4 s)
+    Raises MissingFileError / InputError naming the file (missing, not a regular file, unreadable, not 24 kHz,
+    < 0.4 s, a NaN or infinite sample)
     and InputError for `seconds` that is not None or a finite number > 0."""
     import soundfile as sf
 
@@ -338,8 +342,10 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
     wav_path = Path(wav_path)
     if wav_path.is_dir():
         raise InputError(f"voice_prompt: {wav_path} is a directory, expected a 24 kHz WAV file")
-    if not wav_path.is_file():
+    if not wav_path.exists():
         raise MissingFileError(f"voice_prompt: {wav_path} does not exist (expected a 24 kHz WAV file)")
+    if not wav_path.is_file():
+        raise InputError(f"voice_prompt: {wav_path} is not a regular file, expected a 24 kHz WAV file")
     try:
         audio, rate = sf.read(str(wav_path), dtype="float32", always_2d=True)
     except Exception as exc:
@@ -349,6 +355,8 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
     audio = audio.mean(axis=1)
     if seconds is not None:
         audio = audio[: int(round(seconds * facts.SAMPLE_RATE))]
+    if not np.isfinite(audio).all():
+        raise InputError(f"voice_prompt: {wav_path} holds non-finite samples (NaN or inf) in the part used")
     n_tokens = (len(audio) * 16000 // facts.SAMPLE_RATE) // 640
     if n_tokens < 10:
         raise InputError(f"voice_prompt: {wav_path} gives {n_tokens} tokens; need >= 10 (0.4 s)")

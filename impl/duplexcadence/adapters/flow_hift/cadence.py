@@ -80,6 +80,10 @@ class CadenceSession(CadenceBase):
         clock.start_turn()
         return steady_signatures(clock)
 
+    def step_bounds(self) -> dict:
+        g = self.clock.vocoder.g
+        return {"flow": range(1, facts.CALL_TOKENS + 1), "vocoder": range(g.mel_cap + 1), "vocoder_source": g.src_cap}
+
     def regions(self) -> dict:
         h = self.clock.host()
         return {**self.flow.state(h["conformer_att"], h["estimator_att"]),

@@ -58,6 +58,11 @@ class StepAudio2CadenceSession(CadenceBase):
     def steady(self) -> list:
         return steady_signatures(self.clock)
 
+    def step_bounds(self) -> dict:
+        frames = facts.mel_advance(facts.CALL_TOKENS, True)      # the most mel frames one call adds
+        return {"dit": range(1, frames + 1), "hift": range(1, facts.MEL_CACHE_LEN + frames + 1),
+                "hift_mel": facts.MEL_CACHE_LEN, "hift_source": facts.SOURCE_CACHE_LEN}
+
     def regions(self) -> dict:
         h = self.clock.host()
         return {**self.flow.state(h["conformer_att"], h["estimator_att"]), **self.hift.state(h)}

@@ -18,7 +18,7 @@ import torch
 
 from duplexcadence import bind, clocks, gate
 from duplexcadence.arena import Arena
-from duplexcadence.clocks import KeepAll
+from duplexcadence.clocks import KeepAll, Signature
 from duplexcadence.errors import InputError
 from duplexcadence.graphs import GraphCache, WarmSet
 from duplexcadence.payload import move_tail_
@@ -141,6 +141,21 @@ class FlowState:
             move_tail_(self.views["estimator_att"], P, Le, tail, dim=4)
 
 
+def _whole(value, most: int | None = None) -> bool:
+    """A plain int in [0, most] (no bound: None)."""
+    return type(value) is int and value >= 0 and (most is None or value <= most)
+
+
+def _same_kind(value, like) -> bool:
+    """`value` is what the clocks put where they put `like`: a bool, a plain int >= 0, a tuple of them, or None
+    where the clocks give a tuple or None."""
+    def kind(v):
+        return ("none" if v is None else "bool" if type(v) is bool else "int" if _whole(v)
+                else "ints" if type(v) is tuple and all(_whole(x) for x in v) else "other")
+    a, b = kind(value), kind(like)
+    return a != "other" and (a == b or {a, b} == {"none", "ints"})
+
+
 class CadenceBase(TokenSession):
     """What both cadence sessions share around their FlowState: the arena, the graph cache, static step inputs,
     prepare / state / stats / close. capture: "ahead" (graphs only from `prepare`; a step without one runs eagerly,
@@ -200,10 +215,10 @@ class CadenceBase(TokenSession):
         on the session's state, which is put back afterwards. Returns the counters' change (zeros off CUDA). Raises
         InputError for anything but Signatures of this session's steps."""
         self.check_open("prepare")
-        sigs, graphs = self.steady() if signatures is None else clocks.check_signatures(signatures), self.graphs
+        steady, graphs = self.steady(), self.graphs
+        sigs = steady if signatures is None else clocks.check_signatures(signatures)
         for sig in sigs:
-            if sig.step not in self.steps:
-                raise InputError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
+            self.check_step(sig, steady)
         before = {k: getattr(graphs.stats, k) for k in SessionStats.COUNTERS}
         held = self.rng.held() if self.rng is not None and graphs.enabled else contextlib.nullcontext()
         with held, gate.work():
@@ -222,6 +237,29 @@ class CadenceBase(TokenSession):
                                 v.copy_(saved[k])
                 graphs.capture(sig, self.step_for(sig))
         return {k: getattr(graphs.stats, k) - before[k] for k in SessionStats.COUNTERS}
+
+    def check_step(self, sig: Signature, steady: list) -> None:
+        """Refuse a Signature no step of this session can have (InputError naming `signatures`, before anything
+        runs): a step it does not run; other region or exact names than its clocks give that step (`steady`
+        holds one of each); a size outside the step's range or a length that is not an int in [0, its bound]
+        (`step_bounds()`, the regions' declared bounds); an exact value of another kind than the clocks give
+        (a bool, an int, a tuple of ints, or None where they give a tuple)."""
+        like = next((s for s in steady if s.step == sig.step), None)
+        if sig.step not in self.steps or like is None:
+            raise InputError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
+        bound = {**{k: spec.policy.bound() for k, spec in self.specs.items()}, **self.step_bounds()}
+        ok = ([k for k, _ in sig.lengths] == [k for k, _ in like.lengths]
+              and [k for k, _ in sig.exact] == [k for k, _ in like.exact]
+              and _whole(sig.size) and sig.size in bound[sig.step]
+              and all(_whole(v, bound.get(k)) for k, v in sig.lengths)
+              and all(_same_kind(v, w) for (_, v), (_, w) in zip(sig.exact, like.exact))
+              and sig.get("n_timesteps", self.n_steps) == self.n_steps)
+        if not ok:
+            raise InputError(f"signatures: {sig!r} is not a step of this session (e.g. {like!r})")
+
+    def step_bounds(self) -> dict:
+        """What the regions' specs do not bound: each step's sizes (a range) and the host-offset regions' bounds."""
+        return {}
 
     def state(self) -> dict:
         """Region views (stock names, the logical contents), the host clocks and the token buffer."""

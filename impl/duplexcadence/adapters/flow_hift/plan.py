@@ -169,7 +169,7 @@ class FlowClocks(ClockState):
         (`copy()`) and keep it on success."""
         if not self.open:
             raise InputError("speak: no open turn (call start_turn first; a finalised turn is closed)")
-        size, final = check_int("tokens per unit", size, low=0, high=facts.MAX_UNIT_TOKENS), check_final(final)
+        size, final = check_int("size", size, low=0, high=facts.MAX_UNIT_TOKENS), check_final(final)
         calls, rest = facts.plan_calls(self.variant, self.buffered, size, final)
         out = [self._call(c) for c in calls]
         self.buffered, self.open = (0, False) if final else (self.buffered + size - rest, True)

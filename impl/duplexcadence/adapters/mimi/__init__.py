@@ -11,7 +11,6 @@ import copy
 import math
 from pathlib import Path
 
-import safetensors
 import torch
 from torch import nn
 
@@ -100,9 +99,9 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
         raise CheckpointError(f"spec['checkpoint']: expected a .safetensors file (released layout), got {path}")
     try:
         model = loaders.get_mimi(str(path), cfg, device=device, num_codebooks=N_Q)
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, MemoryError):
         raise
-    except (RuntimeError, safetensors.SafetensorError) as exc:   # load_state_dict(strict=True) names every bad key
+    except Exception as exc:                        # load_state_dict(strict=True) names every bad key; unreadable files
         raise CheckpointError(f"spec['checkpoint']: {path} does not match the {depth} Mimi layout "
                               f"(moshi=={upstream.STOCK_VERSIONS['moshi']} get_mimi): {one_line(exc)}") from exc
     return _materialise_codebooks(model)

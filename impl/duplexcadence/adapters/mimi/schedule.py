@@ -155,7 +155,7 @@ class MimiClock(ClockState):
         """The steps of a unit of `size` frames (`final` changes nothing: Mimi has no flush). Raises
         InputError for a size below 1, LimitError past the unit bound (13 frames), or past a ring that holds
         fewer positions than a decode call writes (RingKVCache.complete needs T <= capacity)."""
-        UNIT.step(0, check_int("frames", size, low=1))
+        UNIT.step(0, check_int("size", size, low=1))
         lengths = {}
         for r in (r for r in self.regions if r.axis != 0):
             advance = POSITIONS_PER_FRAME if isinstance(r.policy, Ring) else 0
