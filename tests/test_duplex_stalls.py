@@ -8,33 +8,36 @@ import pytest
 from tools import duplex_stalls
 
 COLS = ["session", "index", "kind", "release_ms", "start_ms", "service_ms", "miss", "tail_ms", "eager_fallbacks",
-        "slack_ms", "slack_captures"]
+        "slack_ms", "slack_captures", "slack_overrun_ms"]
 
 
 def _record(tmp_path, rows, gate=None):
-    params = {"capture_gate": gate} if gate else {}
-    rec = {"parameters": params, "workloads": {"w": {"modes": {"cadence": {"runs": [
+    provenance = {"capture_gate": gate} if gate else {}
+    rec = {"parameters": {}, "provenance": provenance, "workloads": {"w": {"modes": {"cadence": {"runs": [
         {"sessions": 2, "prepare": "voice", "wall_s": 61.5, "units": {"columns": COLS, "rows": rows}}]}}}}}
     (tmp_path / "duplex.json").write_text(json.dumps(rec))
     return tmp_path
 
 
 def test_rows_count_eager_units_slack_capture_time_and_start_delays(tmp_path):
-    rows = [[0, 0, "SPEAK", 0, 0, 100, False, 100, 0, 0.4, 0],       # replayed, on time
-            [0, 1, "SPEAK", 1000, 1000, 900, True, 1200, 2, 500.0, 2],  # eager, missed, two slack captures
-            [1, 0, "SPEAK", 500, 800, 300, False, 300, 1, 100.0, 1],     # eager, 300 ms late to start
-            [1, 1, "LISTEN", 1500, None, None, False, None, None, None, None]]
+    rows = [[0, 0, "SPEAK", 0, 0, 100, False, 100, 0, 0.4, 0, 0.0],       # replayed, on time
+            [0, 1, "SPEAK", 1000, 1000, 900, True, 1200, 2, 500.0, 2, 400.0],  # eager, missed, two slack captures
+            [1, 0, "SPEAK", 500, 800, 300, False, 300, 1, 100.0, 1, 0.0],     # eager, 300 ms late to start
+            [1, 1, "LISTEN", 1500, None, None, False, None, None, None, None, None],
+            [1, 2, "SPEAK", 2500, 3300, 250, True, 250, 0, None, None, None]]  # replayed, missed: started late
     (row,) = duplex_stalls.rows_of(_record(tmp_path, rows))
-    assert (row["speak_units"], row["missed"], row["eager_units"], row["missed_eager"]) == (3, 1, 2, 1)
+    assert (row["speak_units"], row["missed"], row["eager_units"], row["missed_eager"]) == (4, 2, 2, 1)
+    assert row["missed_replayed"] == 1 and row["slack_jobs_overrun"] == 1 and row["capture_gate"] == "not recorded"
     assert row["eager_tail_s_sum"] == pytest.approx(1.5) and row["eager_tail_ms_p50"] == pytest.approx(750)
     assert row["slack_captures"] == 3 and row["slack_capture_wall_s"] == pytest.approx(0.6)
-    assert row["ms_per_slack_capture"] == pytest.approx(200) and row["replay_tail_ms_p50"] == pytest.approx(100)
-    assert row["start_delay_ms_p90"] == pytest.approx(240) and row["capture_gate"] == "exclusive"
+    assert row["ms_per_slack_capture"] == pytest.approx(200) and row["replay_tail_ms_p50"] == pytest.approx(175)
+    assert row["start_delay_ms_p90"] == pytest.approx(650)
 
 
 def test_a_record_s_capture_gate_is_read_and_a_path_without_a_record_exits_2(tmp_path, capsys):
-    (row,) = duplex_stalls.rows_of(_record(tmp_path, [[0, 0, "SPEAK", 0, 0, 1, False, 1, 0, 0, 0]], gate="overlap"))
-    assert row["capture_gate"] == "overlap" and row["ms_per_slack_capture"] is None
+    (row,) = duplex_stalls.rows_of(_record(tmp_path, [[0, 0, "SPEAK", 0, 0, 1, False, 1, 0, 0, 0, 0]],
+                                           gate="concurrent"))
+    assert row["capture_gate"] == "concurrent" and row["ms_per_slack_capture"] is None
     with pytest.raises(SystemExit) as exc:
         duplex_stalls.main([str(tmp_path / "nothing")])
     assert exc.value.code == 2 and "nor a folder holding one" in capsys.readouterr().err

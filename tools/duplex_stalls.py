@@ -1,7 +1,10 @@
 """Where a duplex count's time went: per session count of a duplex record (suite.measure.duplex's duplex.json),
-the SPEAK units that ran a step eagerly (no graph yet) and their tail, the slack captures and the wall time the
-slack spent on them (a capture under the "exclusive" capture gate waits for every other session's unit in
-progress and holds new ones back until it ends: duplexcadence.gate), and how late units started.
+the SPEAK units that ran a step eagerly (no graph yet) and their tail, the missed units that ran no step eagerly
+(late for another reason: a start behind slack work or an earlier late unit), the slack captures and the wall
+time the slack spent on them (a capture under the "exclusive" capture gate waits for every other session's unit
+in progress and holds new ones back until it ends: duplexcadence.gate), the slack jobs that ran past their
+next release, and how late units started. The capture gate is the record's (its provenance; "not recorded"
+where it holds none).
 
     python tools/duplex_stalls.py RECORD_OR_FOLDER [...] [--json OUT]
 
@@ -19,9 +22,9 @@ import numpy as np
 from tabulate import tabulate
 
 COLUMNS = ("record", "workload", "mode", "sessions", "capture_gate", "prepare", "wall_s", "speak_units", "missed",
-           "eager_units", "missed_eager", "eager_tail_ms_p50", "eager_tail_s_sum", "replay_tail_ms_p50",
-           "replay_tail_ms_p90", "slack_captures", "slack_capture_wall_s", "ms_per_slack_capture",
-           "start_delay_ms_p50", "start_delay_ms_p90")
+           "eager_units", "missed_eager", "missed_replayed", "eager_tail_ms_p50", "eager_tail_s_sum",
+           "replay_tail_ms_p50", "replay_tail_ms_p90", "slack_captures", "slack_capture_wall_s",
+           "ms_per_slack_capture", "slack_jobs_overrun", "start_delay_ms_p50", "start_delay_ms_p90")
 
 
 def _units(run: dict) -> list[dict]:
@@ -38,6 +41,7 @@ def rows_of(path: Path) -> list[dict]:
     file = path / "duplex.json" if path.is_dir() else path
     rec = json.loads(file.read_text())
     params, out = rec.get("parameters", {}), []
+    gate = rec.get("provenance", {}).get("capture_gate") or params.get("capture_gate") or "not recorded"
     for name, w in rec["workloads"].items():
         for mode, m in w["modes"].items():
             for run in m["runs"]:
@@ -50,14 +54,16 @@ def rows_of(path: Path) -> list[dict]:
                 delay = [u["start_ms"] - u["release_ms"] for u in speak]
                 out.append({
                     "record": file.parent.name, "workload": name, "mode": mode, "sessions": run["sessions"],
-                    "capture_gate": params.get("capture_gate", "exclusive"), "prepare": run.get("prepare"),
+                    "capture_gate": gate, "prepare": run.get("prepare"),
                     "wall_s": run["wall_s"], "speak_units": len(speak), "missed": sum(bool(u["miss"]) for u in speak),
                     "eager_units": len(eager), "missed_eager": sum(bool(u["miss"]) for u in eager),
+                    "missed_replayed": sum(bool(u["miss"]) and not u["eager_fallbacks"] for u in speak),
                     "eager_tail_ms_p50": _p([u["tail_ms"] for u in eager], 50),
                     "eager_tail_s_sum": sum(u["tail_ms"] for u in eager) / 1000,
                     "replay_tail_ms_p50": _p(replay, 50), "replay_tail_ms_p90": _p(replay, 90),
                     "slack_captures": caps, "slack_capture_wall_s": cap_s,
                     "ms_per_slack_capture": 1000 * cap_s / caps if caps else None,
+                    "slack_jobs_overrun": sum((u.get("slack_overrun_ms") or 0) > 0 for u in speak),
                     "start_delay_ms_p50": _p(delay, 50), "start_delay_ms_p90": _p(delay, 90)})
     return out
 
