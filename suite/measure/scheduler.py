@@ -9,10 +9,7 @@ injectable, so tests drive misses exactly.
 
 Slack work (`Slot.after_unit`): right after a unit's end and lateness are recorded (never inside its timed
 window, start..end of `run_unit`), the scheduler calls `after_unit(unit)` on the thread that ran the unit; it
-returns a job or None. A job is called as `job(left)`, `left()` the seconds before its slack ends: the
-session's next release on the period grid ("threads"; a server knows when the next unit arrives, not what it
-holds) or the earliest release of any unit not started ("edf"); the job should not start what does not fit.
-It runs in the session's slack, recorded as a `SlackTiming`:
+returns a job (a callable) or None, and the job runs in the session's slack, recorded as a `SlackTiming`:
 "threads": at once on the session's own thread, before it sleeps to its next release ("thread"); "edf" with
 slack="idle": in the scheduler's idle time, when no released unit is waiting, oldest first ("idle"; a job
 still queued when the same session queues another is dropped, counted in `slack_dropped`: the later one
@@ -255,10 +252,9 @@ class CadenceScheduler:
         job = slot.after_unit(unit)
         return job if job is not None and rec.position < self._last_work[rec.session] else None
 
-    def _run_job(self, s: int, after: int, job, where: str, queued_s: float, next_release_s, until_s) -> None:
-        """Run one slack job, `left()` counting down to `until_s` (None: no bound); record its timing."""
+    def _run_job(self, s: int, after: int, job, where: str, queued_s: float, next_release_s) -> None:
         start = self.clock.now()
-        out = job(None if until_s is None else (lambda: until_s - self.clock.now()))
+        out = job()
         timing = SlackTiming(s, after, where, queued_s, start, self.clock.now(), next_release_s, out)
         with self._slack_lock:
             self.slack_timings.append(timing)
@@ -284,8 +280,7 @@ class CadenceScheduler:
                     continue
                 if self.slack == "after":
                     later = [by_session[k][nxt[k]].release_s for k in range(len(by_session)) if nxt[k] < len(by_session[k])]
-                    until = min(later, default=None)
-                    self._run_job(s, rec.position, job, "after_unit", self.clock.now(), until, until)
+                    self._run_job(s, rec.position, job, "after_unit", self.clock.now(), min(later, default=None))
                 else:
                     if s in jobs:
                         self.slack_dropped += 1
@@ -295,7 +290,7 @@ class CadenceScheduler:
             if jobs:
                 s = next(iter(jobs))
                 queued, after, job = jobs.pop(s)
-                self._run_job(s, after, job, "idle", queued, next_release, next_release)
+                self._run_job(s, after, job, "idle", queued, next_release)
                 continue
             self.clock.sleep_until(next_release)
 
@@ -323,8 +318,7 @@ class CadenceScheduler:
                         if job is not None:
                             nxt = next((r.release_s for r in recs[i + 1:] if slot.has_work(slot.units[r.position])),
                                        None)
-                            self._run_job(s, rec.position, job, "thread", self.clock.now(), nxt,
-                                          rec.release_s + self.period_s)
+                            self._run_job(s, rec.position, job, "thread", self.clock.now(), nxt)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
                 stop.set()
