@@ -118,6 +118,27 @@ def test_equal_probe_readings_give_no_fit():
     assert fit.interval() == "no fit"
 
 
+def test_a_line_extrapolated_beyond_a_float_gives_no_fit_instead_of_raising():
+    """Probes 100.0 and 100.1 us, log ratio 0 then -1: the line reaches about +910 at 9 us, past exp's range
+    (math.exp raised OverflowError there)."""
+    procs = [[pair(0, 100.0, 10.0, 10.0), pair(1, 100.1, 10.0 * math.exp(-1.0), 10.0)] for _ in range(3)]
+    fit = fit_host_speed(procs, n_boot=200)
+    assert (fit.speedup, fit.ci_low, fit.ci_high, fit.slope) == (None,) * 4 and fit.interval() == "no fit"
+    assert any(f.startswith("no fit: the log ratio at the reference, 910") for f in fit.flags), fit.flags
+
+
+def test_bootstrap_bounds_beyond_a_float_give_no_interval_instead_of_raising():
+    """One process spans 8-10 us; two hold probes 1e-4 us apart with ratios 4 and 6: resamples of only those
+    two fit a slope of about 4,000 per us, whose intercept exp cannot hold. The point fit stays."""
+    procs = [[pair(i, 8.0 + 2.0 * (i % 2), 40.0, 10.0) for i in range(10)]]
+    procs += [[pair(i, 9.5 + 1e-4 * (i % 2), 40.0 * (1.5 if i % 2 else 1.0), 10.0) for i in range(10)]
+              for _ in range(2)]
+    fit = fit_host_speed(procs, n_boot=200)
+    assert fit.speedup == pytest.approx(4.49, abs=0.01) and (fit.ci_low, fit.ci_high) == (None, None)
+    assert any(f.startswith("no interval: its log bounds [-20") for f in fit.flags), fit.flags
+    assert fit.interval().endswith("(no interval) at 9.0 us")
+
+
 def test_few_processes_and_few_pairs_are_flagged():
     fit = fit_host_speed(run(7.0, 12.0, n_proc=2, n=4), n_boot=200)
     assert f"2 processes with steady pairs < {paired.MIN_PROCESSES}" in fit.flags

@@ -29,6 +29,7 @@ MIN_FIT_PAIRS = 10         # a fit over fewer steady pairs is flagged
 DEFAULT_MIN_PROCESSES = 3  # as suite.records.paired.MIN_PROCESSES (summarise passes its own)
 DEFAULT_CONFIDENCE = 0.95  # as suite.records.paired.CONFIDENCE
 BOOT_CHUNK = 500           # bootstrap resamples drawn per batch (suite.records.bootstrap.hierarchical_draws)
+MAX_LOG = math.log(np.finfo(np.float64).max)    # the largest log ratio whose exp is a float
 
 
 @dataclass
@@ -177,13 +178,20 @@ def fit_host_speed(processes, *, reference_us: float = PROBE_REFERENCE_US, seed:
         fit.flags.append(f"no fit: every probe reading of the pairs used is {fit.probe_min:g} us, the slope is "
                          f"undefined")
         return fit
-    alpha, fit.slope = _line(x, log_a - log_b)
+    alpha, slope = _line(x, log_a - log_b)
+    if abs(alpha) > MAX_LOG:
+        fit.flags.append(f"no fit: the log ratio at the reference, {alpha:.4g}, is beyond a float's range (the "
+                         f"line over probes {fit.probe_min:g}-{fit.probe_max:g} us is extrapolated too far)")
+        return fit
+    fit.slope, fit.speedup = slope, math.exp(alpha)
     fit.stock_slope, fit.cadence_slope = _line(x, log_a)[1], _line(x, log_b)[1]
-    fit.speedup = math.exp(alpha)
     ci = bootstrap_intercept([(g[:, 0], g[:, 1] - g[:, 2]) for g in used], rng=np.random.default_rng(seed),
                              n_boot=n_boot, confidence=confidence)
     if ci is None:
         fit.flags.append("no interval: every bootstrap resample's probe readings were all equal")
+    elif max(abs(ci[0]), abs(ci[1])) > MAX_LOG:
+        fit.flags.append(f"no interval: its log bounds [{ci[0]:.4g}, {ci[1]:.4g}] are beyond a float's range "
+                         f"(resamples of nearly equal probe readings extrapolate too far)")
     else:
         fit.ci_low, fit.ci_high = math.exp(ci[0]), math.exp(ci[1])
     if not fit.probe_min <= reference_us <= fit.probe_max:
