@@ -135,8 +135,8 @@ def slack_slot(name, costs, clock, log, job_cost, phase=0.0):
     base = slot(name, costs, clock, log, phase=phase)
 
     def after(u):
-        def job():
-            log.append((name, f"job{u.index}", clock.t))
+        def job(left):
+            log.append((name, f"job{u.index}", clock.t, None if left is None else round(left(), 6)))
             clock.t += job_cost
             return {"after": u.index}
         return job
@@ -149,6 +149,7 @@ def test_threads_slack_runs_after_each_unit_on_its_thread_never_after_the_last()
     sched.admit(slack_slot("a", [0.2, 0.2, 0.2], clock, log, job_cost=0.3))
     rec = sched.run()
     assert [x[1] for x in log] == [0, "job0", 1, "job1", 2]       # no job after the last unit
+    assert [x[3] for x in log if x[1] in ("job0", "job1")] == [0.8, 0.8]     # left: until the next release
     jobs = sched.slack_timings
     assert [(j.after, j.where) for j in jobs] == [(0, "thread"), (1, "thread")]
     assert jobs[0].start_s == pytest.approx(rec[0].end_s) and jobs[0].end_s == pytest.approx(0.5)
@@ -187,6 +188,7 @@ def test_edf_slack_waits_for_idle_time_and_a_later_job_supersedes_a_queued_one()
     order = [x[1] if x[0] == "a" else f"b{x[1]}" for x in log]
     # 0.0 a0 (to 0.5); 0.5 b0 released: b0 (to 0.95); idle: a's job0 (to 1.55, past a1's release at 1.0)
     assert order[:3] == [0, "b0", "job0"]
+    assert log[2][3] == pytest.approx(0.05)                       # left: until a1's release at 1.0
     j0 = next(j for j in sched.slack_timings if j.session == 0 and j.after == 0)
     assert j0.where == "idle" and j0.start_s == pytest.approx(0.95) and j0.overrun_s == pytest.approx(0.55)
     a1 = next(r for r in rec if r.session == 0 and r.position == 1)
@@ -203,6 +205,7 @@ def test_edf_slack_after_runs_at_once_and_counts_against_the_next_unit():
     r0, r1 = sched.run()
     (j,) = sched.slack_timings
     assert j.where == "after_unit" and j.start_s == pytest.approx(0.5) and j.end_s == pytest.approx(1.2)
+    assert [x[3] for x in log if x[1] == "job0"] == [0.5]
     assert r1.start_s == pytest.approx(1.2) and j.overrun_s == pytest.approx(0.2)
     with pytest.raises(ScheduleError, match="slack: expected one of"):
         CadenceScheduler(slack="never")

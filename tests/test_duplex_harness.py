@@ -102,6 +102,8 @@ def test_the_slack_captures_what_units_met_and_the_clocks_predict_never_inside_a
     assert jobs and all(u["slack_where"] == "idle" and u["slack_start_ms"] >= u["end_ms"] for u in jobs)
     assert run["slack"] == "idle" and run["graph_bytes_end_total"] == 1024 * run["graphs_end_total"]
     assert run["graph_bytes_per_model"] == {"shared": run["graph_bytes_end_total"]}
+    assert run["slack_jobs_overrun"] == 0 and run["slack_signatures_deferred"] == 0    # fake time: jobs take none
+    assert all(u["slack_deferred"] == 0 for u in jobs)
     after = _run(wl, fake, "cadence", 3, clock=FakeClock(), slack="after")[0]
     assert {u["slack_where"] for u in after["units"] if "slack_where" in u} == {"after_unit"}
 

@@ -162,7 +162,7 @@ def reference(workload, mode, plan: Plan, model, adapter, spec, ar, device, prep
             rec = drv.run_unit(u)
             job = drv.after_unit(u)
             if job is not None and k + 1 < len(work):
-                job()
+                job(None)               # alone: no cadence, no bound on the slack
             if rec["sha256_f32"]:                # a rejected unit has no bytes (session_hashes leaves it out too)
                 out.append((u.index, rec["sha256_f32"], rec["sha256_pcm16"]))
     finally:
@@ -341,7 +341,8 @@ def _record(mode, n, policy, slack, prepare, wall_s, admission, timings, sched, 
         j = jobs.get((t.session, t.index))
         if j is not None:
             rec.update(slack_where=j.where, slack_start_ms=j.start_s * 1e3, slack_ms=(j.end_s - j.start_s) * 1e3,
-                       slack_overrun_ms=j.overrun_s * 1e3, slack_captures=(j.output or {}).get("captures"))
+                       slack_overrun_ms=j.overrun_s * 1e3, slack_captures=(j.output or {}).get("captures"),
+                       slack_deferred=(j.output or {}).get("deferred"))
         units.append(rec)
     cadence = [{k: getattr(a, k) - getattr(b, k) for k in CADENCE_COUNTERS} for a, b in zip(stats, before)]
     by_model: dict[str, int] = {}
@@ -360,6 +361,8 @@ def _record(mode, n, policy, slack, prepare, wall_s, admission, timings, sched, 
             "warmup_runs_during_cadence": sum(c["warmup_runs"] for c in cadence),   # a family's first run on a thread
             "slack_jobs": len(sched.slack_timings), "slack_jobs_dropped": sched.slack_dropped,
             "slack_overrun_ms_max": max((j.overrun_s * 1e3 for j in sched.slack_timings), default=0.0),
+            "slack_jobs_overrun": sum(1 for j in sched.slack_timings if j.overrun_s > 0),
+            "slack_signatures_deferred": sum(c.get("signatures_deferred", 0) for c in capture),
             "slack_overlapping_timed_units": overlaps, "graphs_end_total": sum(c["graphs_end"] for c in capture),
             "graph_bytes_end_total": sum(graph_bytes), "graph_bytes_per_model": by_model,
             "graph_bytes_per_session_max": max(graph_bytes, default=0),

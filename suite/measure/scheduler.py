@@ -9,7 +9,10 @@ injectable, so tests drive misses exactly.
 
 Slack work (`Slot.after_unit`): right after a unit's end and lateness are recorded (never inside its timed
 window, start..end of `run_unit`), the scheduler calls `after_unit(unit)` on the thread that ran the unit; it
-returns a job (a callable) or None, and the job runs in the session's slack, recorded as a `SlackTiming`:
+returns a job or None. A job is called as `job(left)`, `left()` the seconds before its slack ends: the
+session's next release on the period grid ("threads"; a server knows when the next unit arrives, not what it
+holds) or the earliest release of any unit not started ("edf"); the job should not start what does not fit.
+It runs in the session's slack, recorded as a `SlackTiming`:
 "threads": at once on the session's own thread, before it sleeps to its next release ("thread"); "edf" with
 slack="idle": in the scheduler's idle time, when no released unit is waiting, oldest first ("idle"; a job
 still queued when the same session queues another is dropped, counted in `slack_dropped`: the later one
@@ -252,9 +255,10 @@ class CadenceScheduler:
         job = slot.after_unit(unit)
         return job if job is not None and rec.position < self._last_work[rec.session] else None
 
-    def _run_job(self, s: int, after: int, job, where: str, queued_s: float, next_release_s) -> None:
+    def _run_job(self, s: int, after: int, job, where: str, queued_s: float, next_release_s, until_s) -> None:
+        """Run one slack job, `left()` counting down to `until_s` (None: no bound); record its timing."""
         start = self.clock.now()
-        out = job()
+        out = job(None if until_s is None else (lambda: until_s - self.clock.now()))
         timing = SlackTiming(s, after, where, queued_s, start, self.clock.now(), next_release_s, out)
         with self._slack_lock:
             self.slack_timings.append(timing)
@@ -280,7 +284,8 @@ class CadenceScheduler:
                     continue
                 if self.slack == "after":
                     later = [by_session[k][nxt[k]].release_s for k in range(len(by_session)) if nxt[k] < len(by_session[k])]
-                    self._run_job(s, rec.position, job, "after_unit", self.clock.now(), min(later, default=None))
+                    until = min(later, default=None)
+                    self._run_job(s, rec.position, job, "after_unit", self.clock.now(), until, until)
                 else:
                     if s in jobs:
                         self.slack_dropped += 1
@@ -290,7 +295,7 @@ class CadenceScheduler:
             if jobs:
                 s = next(iter(jobs))
                 queued, after, job = jobs.pop(s)
-                self._run_job(s, after, job, "idle", queued, next_release)
+                self._run_job(s, after, job, "idle", queued, next_release, next_release)
                 continue
             self.clock.sleep_until(next_release)
 
@@ -318,7 +323,8 @@ class CadenceScheduler:
                         if job is not None:
                             nxt = next((r.release_s for r in recs[i + 1:] if slot.has_work(slot.units[r.position])),
                                        None)
-                            self._run_job(s, rec.position, job, "thread", self.clock.now(), nxt)
+                            self._run_job(s, rec.position, job, "thread", self.clock.now(), nxt,
+                                          rec.release_s + self.period_s)
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
                 stop.set()

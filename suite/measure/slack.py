@@ -10,15 +10,22 @@ units between a first and a last unit of any size meets, from the clocks alone. 
   first occurrences, `eager_fallbacks`); the signatures the unit met come from the clocks copied before it,
   advanced by the unit's payload size and final flag (`ClockState.unit`: what `speak` computed from the same
   payload); those not asked for yet are kept for the job. Host arithmetic only.
-* the job (`job()`), in the session's slack (suite.measure.scheduler: on the session's own thread under
-  "threads", in the scheduler's idle time or right after the unit under "edf"): the signatures noted since
-  the last job plus the likely next ones, `unit(max_payload, final=False)` of a copy of the clocks now (a
-  turn opened first where the last one ended), captured with `session.prepare(those)`, under `lock` (the
-  model's tail lock for sessions that are not concurrent). prepare skips what it holds already.
+* the job (`job(left)`), in the session's slack (suite.measure.scheduler: on the session's own thread under
+  "threads", in the scheduler's idle time or right after the unit under "edf"): the likely next unit's
+  signatures, `unit(max_payload, final=False)` of a copy of the clocks now (a turn opened first where the last
+  one ended), then those noted since the last job, each captured with `session.prepare([it])` under `lock`
+  (the model's tail lock for sessions that are not concurrent); prepare skips what it holds already. The
+  likely next unit's signatures are always prepared: left for later, the next unit would meet them without a
+  graph and run eagerly, and a session that is always late would never capture. `left()` gives the seconds
+  before the slack must end (the scheduler: the session's next release on the period grid); a signature
+  noted from past units is started only while its cost, the time the last prepare of a signature of its step
+  took here, fits in what is left (a step not timed yet: while any time is left). The rest waits for a later
+  slack (counted: `deferred`), so catching up on past units does not run into the next one.
 
 Nothing here reads a unit before it has run: the next unit's prediction uses only the clocks and the declared
 `Capabilities.max_payload`. The per-session figures (`summary`): captures during the cadence, captures inside
-timed units, eager first occurrences, warm-up runs inside units, the slack jobs and their time.
+timed units, eager first occurrences, warm-up runs inside units, the slack jobs, their time and the signatures
+they left for a later slack.
 """
 from __future__ import annotations
 
@@ -89,8 +96,9 @@ class SlackCapture:
         self.clocks = None                  # the session's clocks before its next unit
         self.last: SessionStats | None = None
         self.turn_open = False
+        self.cost: dict = {}                # step name -> seconds the last prepare of one such signature took
         self.totals = {"in_units": dict.fromkeys(COUNTERS, 0), "in_slack": dict.fromkeys(COUNTERS, 0),
-                       "jobs": 0, "signatures_asked": 0, "slack_ms": 0.0, "slack_ms_max": 0.0}
+                       "jobs": 0, "signatures_asked": 0, "deferred": 0, "slack_ms": 0.0, "slack_ms_max": 0.0}
         self.units: list[dict] = []         # per unit with work: index and what ran inside it
 
     def start(self, turn_open: bool = False) -> None:
@@ -121,38 +129,49 @@ class SlackCapture:
         """The likely next unit's signatures from the session's clocks now (`next_signatures`)."""
         return next_signatures(self.session.clocks(), self.session.capabilities, self.turn_open)
 
-    def job(self) -> dict:
-        """The slack work: capture what the last units met without a graph and the likely next unit's
-        signatures. Returns {"signatures", "captures", "capture_failures", "warmup_runs", "ms"}."""
+    def job(self, left=None) -> dict:
+        """The slack work: capture the likely next unit's signatures (always), then what the last units met
+        without a graph, one prepare each, while its step's cost fits in `left()` seconds (None: no bound,
+        e.g. a session run alone). Returns {"signatures", "captures", "capture_failures", "warmup_runs",
+        "deferred", "ms"}."""
         t0 = time.perf_counter()
-        want = [s for s in dict.fromkeys([*self.pending, *self.next_signatures()]) if s not in self.known]
-        self.pending.clear()
-        before = self.session.stats()
-        if want:
+        nxt = set(self.next_signatures())
+        want = [s for s in dict.fromkeys([*nxt, *self.pending]) if s not in self.known]
+        before, asked = self.session.stats(), []
+        for sig in want:
+            if sig not in nxt and left is not None and left() <= self.cost.get(sig.step, 0.0):
+                break                               # no time for it in this slack: a later one takes it
+            t = time.perf_counter()
             with self.lock:
-                self.session.prepare(want)
-            self.known.update(want)
+                self.session.prepare([sig])
+            self.cost[sig.step] = time.perf_counter() - t
+            self.known.add(sig)
+            asked.append(sig)
+        self.pending = {s: None for s in self.pending if s not in self.known}
+        deferred = len(want) - len(asked)
         after = self.session.stats()
         delta = {k: getattr(after, k) - getattr(before, k) for k in COUNTERS}
         for k, v in delta.items():
             self.totals["in_slack"][k] += v
         ms = (time.perf_counter() - t0) * 1e3
         self.totals["jobs"] += 1
-        self.totals["signatures_asked"] += len(want)
+        self.totals["signatures_asked"] += len(asked)
+        self.totals["deferred"] += deferred
         self.totals["slack_ms"] += ms
         self.totals["slack_ms_max"] = max(self.totals["slack_ms_max"], ms)
         self.last = after
-        return {"signatures": len(want), "captures": delta["captures"], "capture_failures": delta["capture_failures"],
-                "warmup_runs": delta["warmup_runs"], "ms": ms}
+        return {"signatures": len(asked), "captures": delta["captures"], "capture_failures": delta["capture_failures"],
+                "warmup_runs": delta["warmup_runs"], "deferred": deferred, "ms": ms}
 
     def summary(self) -> dict:
         """Per session over the cadence: captures during the cadence (in the slack) and inside timed units (must
         be 0), eager first occurrences (eager_fallbacks inside units), warm-up runs inside units, slack jobs,
-        signatures asked for, slack time."""
+        signatures asked for, signatures left for a later slack (each time one was), slack time."""
         u, s = self.totals["in_units"], self.totals["in_slack"]
         return {"captures_during_cadence": s["captures"], "captures_inside_timed_units": u["captures"],
                 "eager_fallbacks": u["eager_fallbacks"], "warmup_runs_inside_units": u["warmup_runs"],
                 "capture_failures": s["capture_failures"] + u["capture_failures"],
                 "slack_warmup_runs": s["warmup_runs"], "slack_jobs": self.totals["jobs"],
-                "signatures_asked": self.totals["signatures_asked"], "slack_ms_total": self.totals["slack_ms"],
+                "signatures_asked": self.totals["signatures_asked"], "signatures_deferred": self.totals["deferred"],
+                "slack_ms_total": self.totals["slack_ms"],
                 "slack_ms_max": self.totals["slack_ms_max"]}
