@@ -6,6 +6,9 @@
 #         verify[:N]          the five verify stages through Ray (N: --max-speak-units N, a limited run), run
 #                             folder /tmp/m/$RUN (RUN default: verify); --resume, so a second sitting goes on
 #                             from the folder an earlier one brought back (carried as .gpu/$RUN)
+#         reproduce[:STAGES][@S] the reproduce stages STAGES (reproduce's --stages; default every one) through Ray
+#                             in run folder /tmp/m/$RUN, --resume as verify's, a sitting of at most S seconds
+#                             (--budget-s): a complete run spread over several sittings, its folder carried
 #         asv                 make asv for the commit .gpu/env.sh names (needs .gpu/shallow.git), results in asv/
 #         stress:SECONDS      the CUDA stress of the four models, 16 threads, quiescent samples every 16 closes,
 #                             references first; STRESS_ARGS adds options (e.g. --trace-python 20)
@@ -24,7 +27,7 @@ mkdir -p $W; cd $R
 cp "$0" .gpu/env.sh $W/ 2>/dev/null; echo "$*" > $W/steps.txt
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $W/gpu.txt 2>&1
 WHEELS=.whl make setup > $W/setup.log 2>&1 || { log "setup failed"; touch $W/done; exit 1; }
-case " $* " in *" verify"*)
+case " $* " in *" verify"*|*" reproduce"*)
   .venv/bin/python -m pip install -q --no-index --find-links .whl-ray --find-links .whl --no-build-isolation \
     -e ".[ray]" > $W/ray-install.log 2>&1 && touch .venv/.ray-stamp ;;
 esac
@@ -38,6 +41,12 @@ for step in "$@"; do
       [ -d .gpu/$RUN ] && [ ! -d $W/$RUN ] && cp -r .gpu/$RUN $W/$RUN      # an earlier sitting's folder, carried
       WHEELS=.whl timeout 900 make reproduce RAY=1 ARGS="--ray local --device cuda --stages '*.verify' --resume \
         --run-dir $W/$RUN ${limit:+--max-speak-units $limit}" > $W/verify-$RUN.log 2>&1 ;;
+    reproduce|reproduce:*)
+      rest=${step#reproduce}; rest=${rest#:}; pats=${rest%@*}; b=; [ "$rest" != "$pats" ] && b=${rest##*@}
+      mkdir -p results
+      [ -d .gpu/$RUN ] && [ ! -d $W/$RUN ] && cp -r .gpu/$RUN $W/$RUN
+      WHEELS=.whl timeout $(( ${b:-1500} + 300 )) make reproduce RAY=1 ARGS="--ray local --device cuda --resume \
+        --run-dir $W/$RUN ${pats:+--stages '$pats'} ${b:+--budget-s $b}" > $W/reproduce-$RUN.log 2>&1 ;;
     asv)
       GIT_DIR=$R/.gpu/shallow.git WHEELS=.whl timeout 400 make asv ASV_MACHINE=h200 \
         ARGS="--bench \"time_steady_unit\(.*'cuda'\)\" --show-stderr" > $W/asv.log 2>&1
