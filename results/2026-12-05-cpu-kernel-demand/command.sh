@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# 2026-12-05T06:36:14Z, commit 968ea87 (host only, this machine: 2 cores, no GPU), from the committed H200 records
+PYTHONPATH=impl:. .venv/bin/python tools/duplex_stalls.py results/2026-12-02-h200-duplex-unseen/duplex-moshi results/2026-12-02-h200-duplex-unseen/duplex-qwen3_omni results/2026-12-02-h200-duplex-unseen-2/duplex-stepaudio2_mini results/2026-12-03-h200-duplex-unseen-3 results/2026-12-04-h200-duplex-unseen-4 results/2026-12-04-h200-duplex-unseen-5 results/2026-12-04-h200-duplex-unseen-6 --kernels results/2026-12-04-h200-reproduce-22 --json results/2026-12-05-cpu-kernel-demand/stalls.json
