@@ -130,6 +130,43 @@ def test_a_duplex_folder_gets_its_plots(tmp_path):
     records.write_duplex(tmp_path / "duplex.json", part("cadence"))
     assert report.main([str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["wl_a_miss_rate.png", "wl_a_speak.png"]
+    assert (tmp_path / "REPORT.md").read_text().startswith("# Duplex sessions: wl_a")
+
+
+def _duplex_run(sessions, misses, units, **kw):
+    return {"sessions": sessions, "slack": "thread",
+            "metrics": {"units_run": units, "speak_units": units, "misses": misses, "speak_misses": misses,
+                        "speak_ms_mean": 150.0, "speak_ms_p50": 120.0, "speak_ms_p99": 600.0,
+                        "max_lateness_ms": 800.0 if misses else -300.0},
+            "captures_during_cadence": 40, "captures_inside_timed_units": 0, "eager_fallbacks_during_cadence": 5,
+            "graph_bytes_per_session_max": 900 * 2 ** 20, "graph_bytes_end_total": 9000 * 2 ** 20,
+            "slack_jobs_overrun": 2, **kw}
+
+
+def test_a_duplex_folders_report_gives_the_limit_and_a_row_per_count(tmp_path):
+    """Two counts: 10 clean, 12 missed 3 of 400 units with one session's bytes unlike its run alone; 14 refused."""
+    rec = {"schema": "duplexcadence.duplex/3", "verdict": "INVALID", "invalid_reasons": ["w: session 3 differs"],
+           "provenance": {"date_utc": "2026-12-05T00:00:00+00:00", "git_rev": "abcdef123", "impl_tree": "fedcba987",
+                          "command": "['python', '-m', 'suite.measure.duplex', '--workload', 'w']",
+                          "device": {"gpu_name": "NVIDIA H200"}},
+           "parameters": {"seconds": 60.0, "period_s": 1.0, "traffic": "voxconverse", "recordings": "serve",
+                          "prepare": "learned:64", "ar": "none"},
+           "workloads": {"w": {"modes": {"cadence": {"prepare": "learned:64", "policy": "threads", "runs": [
+               _duplex_run(10, 0, 300, bytes={"checked": 10, "unchecked": [], "mismatches": []}),
+               _duplex_run(12, 3, 400, bytes={"checked": 12, "unchecked": [], "mismatches": [3]}),
+               {"sessions": 14, "refused": True, "reason": "admission: 14 do not fit"}],
+               "search": {"stopped": "bracket exact"}}}}}}
+    records.write_duplex(tmp_path / "duplex.json", rec)
+    assert report.main([str(tmp_path)]) == 0
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "**INVALID**: w: session 3 differs" in text
+    assert "on NVIDIA H200, commit abcdef1, impl tree fedcba9" in text
+    assert "`python -m suite.measure.duplex --workload w`" in text
+    assert ("Sessions per GPU: **10-11 (12 missed 3/400)** (graphs: learned:64; policy threads, slack thread); "
+            "the search stopped: bracket exact") in text
+    assert "| 10 | 300 | 0 | 150.0 / 120.0 / 600.0 | -300 | 40 / 0 | 5 | 900 / 9000 | 2 | 10 of 10 equal |" in text
+    assert "| 12 | 400 | 3 | 150.0 / 120.0 / 600.0 | 800 | 40 / 0 | 5 | 900 / 9000 | 2 | 11 of 12 equal |" in text
+    assert "| 14 | refused: admission: 14 do not fit |" in text
 
 
 # --- reproduce ------------------------------------------------------------------------------------------------

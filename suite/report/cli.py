@@ -4,7 +4,7 @@
     python -m suite.report RUN --publish [--results DIR]
 
 stages.json: the merged report, claims.json and plots (--compare first records reference runs in it);
-run.json: its own REPORT.md; duplex.json alone: its plots; drop-in records alone (dropin_*.json): their
+run.json: its own REPORT.md; duplex.json alone: its REPORT.md (suite.report.duplex) and plots; drop-in records alone (dropin_*.json): their
 lines. --publish: one staged run's report and claims also at the fixed paths DIR/REPORT.md and
 DIR/CLAIMS.json (default results/: the latest complete reference, as chosen by whoever publishes). Every
 folder is checked before any is written; with none named it exits 2 and rewrites nothing (committed reports
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from suite.records import REPO_ROOT, read_dropins, read_duplex
-from suite.report import document, dropins, single
+from suite.report import document, dropins, duplex, single
 from suite.report.plots import duplex_plots
 
 
@@ -50,11 +50,13 @@ def checked(folder: str | Path, compare: list[str] | None):
                          f"stages.json); {folder} is not one")
     if not (folder / "run.json").is_file() and (folder / "duplex.json").is_file():
         record = read_duplex(folder / "duplex.json")
+        text = duplex.render(record)
 
-        def write_plots() -> Path:
+        def write_duplex() -> Path:
             duplex_plots(record, folder)
-            return folder / "duplex.json"
-        return write_plots
+            (folder / "REPORT.md").write_text(text)
+            return folder / "REPORT.md"
+        return write_duplex
     text = (dropins.render(folder) if not (folder / "run.json").is_file() and read_dropins(folder)
             else single.render_file(folder / "run.json"))
 

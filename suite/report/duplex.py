@@ -1,0 +1,80 @@
+"""REPORT.md of a duplex harness folder (suite.measure.duplex's duplex.json alone), from its record: what ran
+and where, then per workload and mode the session limit the counts bracket and one row per count: SPEAK units
+and misses, SPEAK time, graph captures during the cadence and inside timed units (must be 0), eager first
+occurrences, graph memory, slack jobs past their next release, and every session's bytes against itself run
+alone. A staged reproduction renders its duplex stages in suite.report.document instead.
+"""
+from __future__ import annotations
+
+import ast
+import shlex
+
+from suite.report.claims import limit_text
+from suite.report.figures import gpu_name, is_oracle, mode_figures
+from suite.report.text import DASH, fmt, table
+
+MIB = 2 ** 20
+COLUMNS = ["sessions", "SPEAK units", "missed", "SPEAK ms mean / p50 / p99", "lateness at most (ms, < 0: early)",
+           "captures in slack / in timed units", "eager first occurrences", "graph MiB: most per session / all",
+           "slack jobs past their release", "bytes vs alone"]
+
+
+def _bytes(run: dict) -> str:
+    b = run.get("bytes") or {}
+    if not b:
+        return DASH
+    bad, unchecked = len(b.get("mismatches") or []), len(b.get("unchecked") or [])
+    text = f"{b.get('checked', 0) - bad} of {b.get('checked', 0)} equal"
+    return text + (f", {unchecked} not compared" if unchecked else "")
+
+
+def _row(run: dict) -> list:
+    if run.get("refused"):
+        return [run["sessions"], "refused: " + str(run.get("reason") or run.get("refused"))] + [DASH] * 8
+    m = run.get("metrics") or {}
+    graphs = run.get("graph_bytes_per_session_max")
+    return [run["sessions"], m.get("speak_units", DASH), m.get("speak_misses", m.get("misses", DASH)),
+            " / ".join(fmt(m.get(k), ".1f") for k in ("speak_ms_mean", "speak_ms_p50", "speak_ms_p99")),
+            fmt(m.get("max_lateness_ms"), ".0f"),
+            f"{run.get('captures_during_cadence', DASH)} / {run.get('captures_inside_timed_units', DASH)}",
+            run.get("eager_fallbacks_during_cadence", DASH),
+            DASH if graphs is None else f"{graphs / MIB:.0f} / {(run.get('graph_bytes_end_total') or 0) / MIB:.0f}",
+            run.get("slack_jobs_overrun", DASH), _bytes(run)]
+
+
+def _command(value) -> str:
+    """The recorded command as one shell line (provenance holds the argv list, or its repr)."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+    return shlex.join(map(str, value)) if isinstance(value, (list, tuple)) else str(value or DASH)
+
+
+def render(record: dict) -> str:
+    """The report's Markdown. Raises KeyError / TypeError for a record without workloads (read_duplex checks
+    that before)."""
+    prov, params = record.get("provenance") or {}, record.get("parameters") or {}
+    reasons = record.get("invalid_reasons") or []
+    out = [f"# Duplex sessions: {', '.join(record['workloads'])}", "",
+           f"**{record.get('verdict', 'no verdict')}**" + (": " + "; ".join(map(str, reasons)) if reasons else ""), "",
+           f"- ran: {prov.get('date_utc', DASH)} on {gpu_name(record) or DASH}, commit {str(prov.get('git_rev'))[:7]}, "
+           f"impl tree {str(prov.get('impl_tree'))[:7]}, capture gate {prov.get('capture_gate') or 'not recorded'}",
+           f"- cadence: {fmt(params.get('seconds'), 'g')} s per count, period {fmt(params.get('period_s'), 'g')} s, "
+           f"scripts {params.get('traffic', DASH)} (recordings: {params.get('recordings') or 'all'}), graphs at open: "
+           f"{params.get('prepare', DASH)}",
+           f"- command: `{_command(prov.get('command'))}`", ""]
+    for name, w in record["workloads"].items():
+        for mode, m in (w.get("modes") or {}).items():
+            fig = mode_figures(m, params.get("seconds"), w.get("ar"))
+            search = m.get("search") or {}
+            label = "oracle graphs (the sessions' own scripts)" if is_oracle(m) else f"graphs: {m.get('prepare')}"
+            first = next((r for r in m.get("runs") or [] if isinstance(r, dict) and r.get("slack")), {})
+            out += [f"## {name}, {mode}", "",
+                    f"Sessions per GPU: **{limit_text(fig)}** ({label}; policy {m.get('policy', DASH)}, slack "
+                    f"{first.get('slack', DASH)})"
+                    + (f"; the search stopped: {search['stopped']}" if search.get("stopped") else ""), "",
+                    table([_row(r) for r in m.get("runs") or [] if isinstance(r, dict)], COLUMNS), ""]
+            out += [f"- {n}" for n in (w.get("notes") or [])] + ([""] if w.get("notes") else [])
+    return "\n".join(out)
