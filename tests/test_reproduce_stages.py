@@ -809,6 +809,18 @@ def test_a_search_without_a_clean_count_is_an_upper_bound_and_below_the_target_n
     line = row_of("\n".join(document.sessions_section({"workloads": {"minicpmo45": e}, "state": {}}, [], "")), "",
                   "minicpmo45")
     assert "| unseen scripts, every turn's graphs from the clocks | — | N=30: 70 MiB" in line
+    assert "SPEAK/s" not in line                     # no units and no verify record: no kernel demand
+    # releases 0-2 s, a cadence of 3 s; two SPEAK units made audio (a third none): 2/3 per s; with the verify's
+    # 84.6 ms of kernels per unit, 0.0564 s of kernels per s
+    m["runs"][0]["units"] = [{"kind": "SPEAK", "release_ms": 0.0, "service_ms": 90.0, "samples": 24000},
+                             {"kind": "SPEAK", "release_ms": 1000.0, "service_ms": 90.0, "samples": 24000},
+                             {"kind": "SPEAK", "release_ms": 1000.0, "service_ms": 1.0, "samples": 0},
+                             {"kind": "LISTEN", "release_ms": 2000.0, "service_ms": None, "samples": None}]
+    e = done_duplex_stages(tmp_path / "e", {"duplex_cadence": cadence})
+    e["verify"] = {"record": {"modes": {"cadence": {"metrics": {"kernel_busy_ms_per_unit_p50": 84.6}}}}}
+    line = row_of("\n".join(document.sessions_section({"workloads": {"minicpmo45": e}, "state": {}}, [], "")), "",
+                  "minicpmo45")
+    assert "307 eager steps; 0.7 SPEAK/s x 84.6 ms = 0.06 s of kernels per s |" in line
 
 
 def _mode_runs(best, counts_misses) -> dict:

@@ -25,12 +25,13 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
+from suite.records import speak_per_second
+
 COLUMNS = ("record", "workload", "mode", "sessions", "capture_gate", "prepare", "wall_s", "speak_units", "missed",
            "eager_units", "missed_eager", "missed_replayed", "eager_tail_ms_p50", "eager_tail_s_sum",
            "replay_tail_ms_p50", "replay_tail_ms_p90", "slack_captures", "slack_capture_wall_s",
            "ms_per_slack_capture", "slack_jobs_overrun", "start_delay_ms_p50", "start_delay_ms_p90", "speak_per_s",
            "kernel_ms_per_unit", "kernel_demand")
-PERIOD_MS = 1000.0          # the cadence's period: a unit of one second
 
 
 def _units(run: dict) -> list[dict]:
@@ -72,10 +73,7 @@ def rows_of(path: Path, kernels: Path | None = None) -> list[dict]:
                 caps = sum(u["slack_captures"] for u in slack)
                 cap_s = sum(u["slack_ms"] or 0.0 for u in slack) / 1000
                 delay = [u["start_ms"] - u["release_ms"] for u in speak]
-                releases = [u["release_ms"] for u in _units(run) if u.get("release_ms") is not None]
-                span_s = (max(releases) - min(releases) + PERIOD_MS) / 1000 if releases else None
-                audio = sum(1 for u in speak if u.get("samples", 1) != 0)
-                per_s = audio / span_s if span_s else None
+                per_s = speak_per_second(_units(run), params.get("period_s") or 1.0)
                 k_ms = kernel_ms(kernels, name)
                 out.append({
                     "record": file.parent.name, "workload": name, "mode": mode, "sessions": run["sessions"],

@@ -206,6 +206,18 @@ def max_zero_miss(runs: list[dict]) -> int | None:
     return best
 
 
+def speak_per_second(units: list[dict], period_s: float = 1.0) -> float | None:
+    """SPEAK units that made audio (samples not 0; a unit without the column counts) per second of a duplex
+    run's cadence, from the first release to one period after the last (units as rows, `release_ms`); None
+    without released units."""
+    releases = [u["release_ms"] for u in units if isinstance(u, dict) and u.get("release_ms") is not None]
+    if not releases:
+        return None
+    audio = sum(1 for u in units if isinstance(u, dict) and u.get("kind") == "SPEAK"
+                and u.get("service_ms") is not None and u.get("samples", 1) != 0)
+    return audio / ((max(releases) - min(releases)) / 1000 + period_s)
+
+
 def _runs(record: dict):
     """Every run dict of a duplex record (workloads -> modes -> runs), skipping what is not shaped so."""
     for w in (record.get("workloads") or {}).values():

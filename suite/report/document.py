@@ -148,6 +148,18 @@ def memory_section(data: dict, files: list[str], prefix: str) -> list[str]:
                   if rows else "No memory stage done.", ""]
 
 
+def demand_text(graphs: dict, entries: dict) -> str:
+    """'; 9.3 SPEAK/s x 84.6 ms = 0.78 s of kernels per s': the count's SPEAK units with audio per second times
+    the steady unit's kernel-busy time in this run's DuplexCadence verify (one session, profiled); '' where
+    either is missing."""
+    per_s = graphs.get("speak_per_s")
+    rec = (entries.get("verify") or {}).get("record") or {}
+    k_ms = (((rec.get("modes") or {}).get("cadence") or {}).get("metrics") or {}).get("kernel_busy_ms_per_unit_p50")
+    if per_s is None or not isinstance(k_ms, (int, float)):
+        return ""
+    return f"; {per_s:.1f} SPEAK/s x {k_ms:.1f} ms = {per_s * k_ms / 1000:.2f} s of kernels per s"
+
+
 def sessions_section(data: dict, files: list[str], prefix: str) -> list[str]:
     rows = []
     for w, e in ordered(data):
@@ -167,7 +179,7 @@ def sessions_section(data: dict, files: list[str], prefix: str) -> list[str]:
         g = (fc or {}).get("graphs")
         graphs = DASH if not g else (f"N={g['sessions']}: {g['graph_mib_per_session_max']:.0f} MiB, {g['captures']} "
                                      f"captures ({g['captures_inside_timed_units']} in a timed unit), "
-                                     f"{g['eager_steps']} eager steps")
+                                     f"{g['eager_steps']} eager steps" + demand_text(g, e))
         rows.append([w, limit_text(fs), limit_text(fc), ratio_text(*ratio_bounds(fs, fc)), how,
                      limit_text(oracle) if oracle else DASH, graphs,
                      " / ".join(fmt(m.get("speak_vs_period_pct_mean"), "+.1f") for m in (fs or {}, fc or {})),
@@ -178,7 +190,9 @@ def sessions_section(data: dict, files: list[str], prefix: str) -> list[str]:
            "`N (M missed x/y)`: N clean, M the next count tried missed x of y units; `N-K (...)`: the limit lies "
            "between N and K; `>= N`: no count tried missed. The targets are for unseen scripts: a figure whose "
            "sessions shared one script, or whose graphs came from their own script (oracle), is shown beside, "
-           "never as the headline.", ""]
+           "never as the headline. Kernels per s: the count's SPEAK units with audio per second times one unit's "
+           "kernel-busy time in this run's verify, what a GPU running one kernel at a time would need; above 1 "
+           "only kernels of several sessions running at once can keep up.", ""]
     out += [f"![sessions]({prefix}{f})" for f in files] + ([""] if files else [])
     return out + [table(rows, ["workload", "stock sessions", "DuplexCadence sessions", "cadence / stock", "scripts",
                                "with oracle graphs", "DuplexCadence graphs: most per session, captures, eager",

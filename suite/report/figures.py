@@ -14,7 +14,7 @@ import numpy as np
 
 from suite.records import (DUPLEX_READ_SCHEMAS, DUPLEX_STAGES, family, headline, invalid_codes,
                            max_zero_miss, overlapping, read_dropins, read_json, read_stages, record_reasons,
-                           unpack_units, UNSEEN_TRAFFIC, verify_protocol)
+                           speak_per_second, unpack_units, UNSEEN_TRAFFIC, verify_protocol)
 from suite.records.floor import read_floors
 from suite.records.host_speed import fit_host_speed
 from suite.records.paired import MIN_PROCESSES, CONFIDENCE, Pair, Summary, unpack_pairs
@@ -146,12 +146,13 @@ def is_oracle(mode_record: dict) -> bool:
                                                    for a in r.get("admission") or []) for r in runs)
 
 
-def mode_figures(mode_record: dict, seconds, ar) -> dict:
+def mode_figures(mode_record: dict, seconds, ar, period_s: float = 1.0) -> dict:
     """One duplex mode's figures: the one-session run's mean and p99 SPEAK time as a percentage over (+) or
     under (-) the 1 s cadence and its miss rate, the largest count with zero misses (derived from the runs;
     runs not run to the end of their time left out), the first larger count that missed or was refused, and
-    "graphs": at the largest count that ran, the most graph MiB one session held and the captures (inside timed
-    units too) and eager steps during the cadence (None for records without them)."""
+    "graphs": at the largest count that ran, the most graph MiB one session held, the captures (inside timed
+    units too) and eager steps during the cadence and the SPEAK units with audio per second (`speak_per_s`,
+    suite.records.speak_per_second; None for records without them)."""
     runs = [r for r in mode_record.get("runs") or [] if isinstance(r, dict) and type(r.get("sessions")) is int]
     solo = next((r for r in runs if r["sessions"] == 1 and not r.get("refused")), None)
     met = (solo or {}).get("metrics") or {}
@@ -172,7 +173,8 @@ def mode_figures(mode_record: dict, seconds, ar) -> dict:
     graphs = None if top is None or "graph_bytes_per_session_max" not in top else {
         "sessions": top["sessions"], "graph_mib_per_session_max": top["graph_bytes_per_session_max"] / 2 ** 20,
         "captures": top.get("captures_during_cadence"), "captures_inside_timed_units":
-            top.get("captures_inside_timed_units"), "eager_steps": top.get("eager_fallbacks_during_cadence")}
+            top.get("captures_inside_timed_units"), "eager_steps": top.get("eager_fallbacks_during_cadence"),
+        "speak_per_s": speak_per_second(top.get("units") or [], period_s)}
     return {"speak_vs_period_pct_mean": pct(met.get("speak_frac_mean")),
             "speak_vs_period_pct_p99": pct(met.get("speak_frac_p99")), "miss_rate": met.get("miss_rate"),
             "max_sessions_zero_miss": best, "first_missed": first, "seconds": seconds, "ar": ar,
@@ -210,7 +212,8 @@ def duplex_figures(entries: dict, workload: str | None = None, harnesses=("duple
             gpus[m] = gpu_name(p["record"])
             traffic[m] = (p["record"].get("parameters") or {}).get("traffic")
     seconds = record.get("parameters", {}).get("seconds")
-    modes = {mode: {**mode_figures(m, seconds, w.get("ar")), "gpu": gpus.get(mode),
+    period_s = record.get("parameters", {}).get("period_s") or 1.0
+    modes = {mode: {**mode_figures(m, seconds, w.get("ar"), period_s), "gpu": gpus.get(mode),
                     "unseen": traffic.get(mode) == UNSEEN_TRAFFIC}
              for mode, m in w.get("modes", {}).items()}
     return {"modes": modes, "files": files, "cadence_equals_stock": w.get("cadence_equals_stock"), "error": None,
