@@ -164,8 +164,8 @@ def test_a_duplex_folders_report_gives_the_limit_and_a_row_per_count(tmp_path):
     assert "`python -m suite.measure.duplex --workload w`" in text
     assert ("Sessions per GPU: **10-11 (12 missed 3/400)** (graphs: learned:64; policy threads, slack thread); "
             "the search stopped: bracket exact") in text
-    assert "| 10 | 300 | 0 | 150.0 / 120.0 / 600.0 | -300 | 40 / 0 | 5 | 900 / 9000 | 2 | 10 of 10 equal |" in text
-    assert "| 12 | 400 | 3 | 150.0 / 120.0 / 600.0 | 800 | 40 / 0 | 5 | 900 / 9000 | 2 | 11 of 12 equal |" in text
+    assert "| 10 | 300 | — | 0 | 150.0 / 120.0 / 600.0 | -300 | 40 / 0 | 5 | 900 / 9000 | 2 | 10 of 10 equal |" in text
+    assert "| 12 | 400 | — | 3 | 150.0 / 120.0 / 600.0 | 800 | 40 / 0 | 5 | 900 / 9000 | 2 | 11 of 12 equal |" in text
     assert "| 14 | refused: admission: 14 do not fit |" in text
 
 

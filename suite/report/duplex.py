@@ -1,6 +1,6 @@
 """REPORT.md of a duplex harness folder (suite.measure.duplex's duplex.json alone), from its record: what ran
 and where, then per workload and mode the session limit the counts bracket and one row per count: SPEAK units
-and misses, SPEAK time, graph captures during the cadence and inside timed units (must be 0), eager first
+and misses, SPEAK units with audio per second (suite.records.speak_per_second), SPEAK time, graph captures during the cadence and inside timed units (must be 0), eager first
 occurrences, graph memory, slack jobs past their next release, and every session's bytes against itself run
 alone. A staged reproduction renders its duplex stages in suite.report.document instead.
 """
@@ -9,12 +9,13 @@ from __future__ import annotations
 import ast
 import shlex
 
+from suite.records import speak_per_second
 from suite.report.claims import limit_text
 from suite.report.figures import gpu_name, is_oracle, mode_figures
 from suite.report.text import DASH, fmt, table
 
 MIB = 2 ** 20
-COLUMNS = ["sessions", "SPEAK units", "missed", "SPEAK ms mean / p50 / p99", "lateness at most (ms, < 0: early)",
+COLUMNS = ["sessions", "SPEAK units", "SPEAK units with audio per s", "missed", "SPEAK ms mean / p50 / p99", "lateness at most (ms, < 0: early)",
            "captures in slack / in timed units", "eager first occurrences", "graph MiB: most per session / all",
            "slack jobs past their release", "bytes vs alone"]
 
@@ -28,12 +29,13 @@ def _bytes(run: dict) -> str:
     return text + (f", {unchecked} not compared" if unchecked else "")
 
 
-def _row(run: dict) -> list:
+def _row(run: dict, period_s: float) -> list:
     if run.get("refused"):
-        return [run["sessions"], "refused: " + str(run.get("reason") or run.get("refused"))] + [DASH] * 8
+        return [run["sessions"], "refused: " + str(run.get("reason") or run.get("refused"))] + [DASH] * 9
     m = run.get("metrics") or {}
     graphs = run.get("graph_bytes_per_session_max")
-    return [run["sessions"], m.get("speak_units", DASH), m.get("speak_misses", m.get("misses", DASH)),
+    return [run["sessions"], m.get("speak_units", DASH), fmt(speak_per_second(run.get("units") or [], period_s), ".2f"),
+            m.get("speak_misses", m.get("misses", DASH)),
             " / ".join(fmt(m.get(k), ".1f") for k in ("speak_ms_mean", "speak_ms_p50", "speak_ms_p99")),
             fmt(m.get("max_lateness_ms"), ".0f"),
             f"{run.get('captures_during_cadence', DASH)} / {run.get('captures_inside_timed_units', DASH)}",
@@ -75,6 +77,7 @@ def render(record: dict) -> str:
                     f"Sessions per GPU: **{limit_text(fig)}** ({label}; policy {m.get('policy', DASH)}, slack "
                     f"{first.get('slack', DASH)})"
                     + (f"; the search stopped: {search['stopped']}" if search.get("stopped") else ""), "",
-                    table([_row(r) for r in m.get("runs") or [] if isinstance(r, dict)], COLUMNS), ""]
+                    table([_row(r, params.get("period_s") or 1.0) for r in m.get("runs") or [] if isinstance(r, dict)],
+                          COLUMNS), ""]
             out += [f"- {n}" for n in (w.get("notes") or [])] + ([""] if w.get("notes") else [])
     return "\n".join(out)
