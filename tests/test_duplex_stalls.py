@@ -44,8 +44,9 @@ def test_a_record_s_capture_gate_is_read_and_a_path_without_a_record_exits_2(tmp
 
 
 def test_speak_units_per_second_and_the_kernel_demand_they_make(tmp_path):
-    """Releases 0 to 2.5 s: a cadence of 3.5 s (one period after the last release). Three SPEAK units made
-    audio (the fourth made none): 3 / 3.5 per second; at 280 ms of kernel time each, 0.24 s of kernels a second."""
+    """Per session over its own span (first release to one period after its last): session 0 releases at 0
+    and 1 s, one of its two units made audio: 1 / 2 s; session 1 at 0.5, 1.5 and 2.5 s, two SPEAK units with
+    audio: 2 / 3 s. Summed: 7/6 per second with both active; at 280 ms of kernel time each, 0.33 s a second."""
     cols = COLS + ["samples"]
     rows = [[0, 0, "SPEAK", 0, 0, 100, False, 100, 0, None, None, None, 24000],
             [0, 1, "SPEAK", 1000, 1000, 100, False, 100, 0, None, None, None, 0],
@@ -56,14 +57,14 @@ def test_speak_units_per_second_and_the_kernel_demand_they_make(tmp_path):
         {"sessions": 2, "prepare": "voice", "wall_s": 4.0, "units": {"columns": cols, "rows": rows}}]}}}}}
     (tmp_path / "duplex.json").write_text(json.dumps(rec))
     (row,) = duplex_stalls.rows_of(tmp_path)
-    assert row["speak_per_s"] == pytest.approx(3 / 3.5) and row["kernel_ms_per_unit"] is None
+    assert row["speak_per_s"] == pytest.approx(1 / 2 + 2 / 3) and row["kernel_ms_per_unit"] is None
     assert row["kernel_demand"] is None
     run = tmp_path / "run"
     (run / "w.verify").mkdir(parents=True)
     (run / "w.verify" / "run.json").write_text(json.dumps(
         {"modes": {"cadence": {"metrics": {"kernel_busy_ms_per_unit_p50": 280.0}}}}))
     (row,) = duplex_stalls.rows_of(tmp_path, run)
-    assert row["kernel_ms_per_unit"] == 280.0 and row["kernel_demand"] == pytest.approx(3 / 3.5 * 0.28)
+    assert row["kernel_ms_per_unit"] == 280.0 and row["kernel_demand"] == pytest.approx(7 / 6 * 0.28)
 
 
 def test_a_kernels_option_that_is_not_a_folder_exits_2(tmp_path, capsys):

@@ -130,7 +130,8 @@ def test_a_duplex_folder_gets_its_plots(tmp_path):
     records.write_duplex(tmp_path / "duplex.json", part("cadence"))
     assert report.main([str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["wl_a_miss_rate.png", "wl_a_speak.png"]
-    assert (tmp_path / "REPORT.md").read_text().startswith("# Duplex sessions: wl_a")
+    text = (tmp_path / "REPORT.md").read_text()
+    assert text.startswith("# Duplex sessions: wl_a") and "![wl_a_speak.png](wl_a_speak.png)" in text
 
 
 def _duplex_run(sessions, misses, units, **kw):
@@ -139,6 +140,7 @@ def _duplex_run(sessions, misses, units, **kw):
                         "speak_ms_mean": 150.0, "speak_ms_p50": 120.0, "speak_ms_p99": 600.0,
                         "max_lateness_ms": 800.0 if misses else -300.0},
             "captures_during_cadence": 40, "captures_inside_timed_units": 0, "eager_fallbacks_during_cadence": 5,
+            "warmup_runs_during_cadence": 3,
             "graph_bytes_per_session_max": 900 * 2 ** 20, "graph_bytes_end_total": 9000 * 2 ** 20,
             "slack_jobs_overrun": 2, **kw}
 
@@ -164,8 +166,8 @@ def test_a_duplex_folders_report_gives_the_limit_and_a_row_per_count(tmp_path):
     assert "`python -m suite.measure.duplex --workload w`" in text
     assert ("Sessions per GPU: **10-11 (12 missed 3/400)** (graphs: learned:64; policy threads, slack thread); "
             "the search stopped: bracket exact") in text
-    assert "| 10 | 300 | — | 0 | 150.0 / 120.0 / 600.0 | -300 | 40 / 0 | 5 | 900 / 9000 | 2 | 10 of 10 equal |" in text
-    assert "| 12 | 400 | — | 3 | 150.0 / 120.0 / 600.0 | 800 | 40 / 0 | 5 | 900 / 9000 | 2 | 11 of 12 equal |" in text
+    assert "| 10 | 300 | — | 0 | 150.0 / 120.0 / 600.0 | -300 | 40 / 0 | 5 + 3 | 900 / 9000 | 2 | 10 of 10 equal |" in text
+    assert "| 12 | 400 | — | 3 | 150.0 / 120.0 / 600.0 | 800 | 40 / 0 | 5 + 3 | 900 / 9000 | 2 | 11 of 12 equal |" in text
     assert "| 14 | refused: admission: 14 do not fit |" in text
 
 

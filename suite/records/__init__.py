@@ -208,14 +208,19 @@ def max_zero_miss(runs: list[dict]) -> int | None:
 
 def speak_per_second(units: list[dict], period_s: float = 1.0) -> float | None:
     """SPEAK units that made audio (samples not 0; a unit without the column counts) per second of a duplex
-    run's cadence, from the first release to one period after the last (units as rows, `release_ms`); None
-    without released units."""
-    releases = [u["release_ms"] for u in units if isinstance(u, dict) and u.get("release_ms") is not None]
-    if not releases:
+    run with every session active: per session (`session`; units without one are one session) its units with
+    audio over its own span, its first release to one period after its last (`release_ms`), summed over the
+    sessions (they join at different times, so the run's whole span would dilute the rate). None without
+    released units."""
+    spans: dict = {}
+    for u in units:
+        if isinstance(u, dict) and u.get("release_ms") is not None:
+            audio = (u.get("kind") == "SPEAK" and u.get("service_ms") is not None and u.get("samples", 1) != 0)
+            lo, hi, n = spans.get(u.get("session"), (u["release_ms"], u["release_ms"], 0))
+            spans[u.get("session")] = (min(lo, u["release_ms"]), max(hi, u["release_ms"]), n + audio)
+    if not spans:
         return None
-    audio = sum(1 for u in units if isinstance(u, dict) and u.get("kind") == "SPEAK"
-                and u.get("service_ms") is not None and u.get("samples", 1) != 0)
-    return audio / ((max(releases) - min(releases)) / 1000 + period_s)
+    return sum(n / ((hi - lo) / 1000 + period_s) for lo, hi, n in spans.values())
 
 
 def _runs(record: dict):

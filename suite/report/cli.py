@@ -50,11 +50,10 @@ def checked(folder: str | Path, compare: list[str] | None):
                          f"stages.json); {folder} is not one")
     if not (folder / "run.json").is_file() and (folder / "duplex.json").is_file():
         record = read_duplex(folder / "duplex.json")
-        text = duplex.render(record)
+        duplex.render(record)                       # renders, or raises before anything is written
 
         def write_duplex() -> Path:
-            duplex_plots(record, folder)
-            (folder / "REPORT.md").write_text(text)
+            (folder / "REPORT.md").write_text(duplex.render(record, duplex_plots(record, folder)))
             return folder / "REPORT.md"
         return write_duplex
     text = (dropins.render(folder) if not (folder / "run.json").is_file() and read_dropins(folder)
