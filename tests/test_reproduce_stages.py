@@ -681,8 +681,8 @@ def test_unfinished_run_report_says_what_is_missing(fake_registry, clean_tree, t
                                                for h in ("duplex_stock", "duplex_cadence")]
     runner.run_plan(plan, State.open(run_dir, OPTIONS, resume=False), OPTIONS, execute=inline, log=lambda *_: None)
     verdicts = section(document.write(run_dir).read_text(), "Verdicts")
-    assert "**open** (not measured (skipped: no cadence here))" in row_of(verdicts, "", "sessions per GPU")
-    assert "**open** (not measured (not in this run))" in row_of(verdicts, "", "peak memory")
+    assert "**open** (not measured: skipped: no cadence here)" in row_of(verdicts, "", "sessions per GPU")
+    assert "**open** (not measured: not in this run)" in row_of(verdicts, "", "peak memory")
 
 
 def test_a_run_folder_missing_default_plan_stages_reads_incomplete(tmp_path, monkeypatch):

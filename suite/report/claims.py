@@ -91,7 +91,7 @@ def speed(name: str, e: dict) -> Claim:
     row = Claim("speed", name, PUBLISHED["speedup_x"] if pub else None, None, None, None, None, target, "open", "x",
                 published_text=f"{PUBLISHED['speedup_x']:.2f}x" if pub else DASH)
     if sp is None:
-        row.note = f"not measured ({status(e, 'verify')})"
+        row.note = f"not measured: {status(e, 'verify')}"
         return row
     row.ours, row.ci_low, row.ci_high, row.stock = sp["x"], sp["lo"], sp["hi"], sp["stock_ms"]
     row.ours_text = interval(sp["x"], sp["lo"], sp["hi"])
@@ -120,7 +120,7 @@ def kernel_floor(name: str, e: dict) -> Claim:
     x = m.get("tail_over_kernel_busy_x")
     row = Claim("tail / kernel-busy", name, None, x, None, None, None, f"<= {KERNEL_FLOOR_X:g}", "open", "ratio")
     if x is None:
-        row.note = "not profiled in this run" if rec else f"not measured ({status(e, 'verify')})"
+        row.note = "not profiled in this run" if rec else f"not measured: {status(e, 'verify')}"
         return row
     row.ours_text = f"{x:.2f} ({m['tail_ms_p50']:.1f} / {m['kernel_busy_ms_per_unit_p50']:.1f} ms)"
     row.verdict = below(x, None, None, KERNEL_FLOOR_X)
@@ -137,7 +137,7 @@ def memory(name: str, e: dict) -> Claim:
     s, c = m.get("stock", {}), m.get("cadence", {})
     change = pct_change(c.get("peak"), s.get("peak"))
     if change is None:
-        row.note = f"not measured ({status(e, 'memory_cadence')})"
+        row.note = f"not measured: {status(e, 'memory_cadence')}"
         return row
     row.ours, row.stock = change, s["peak"]
     row.ours_text, row.stock_text = f"{change:+.1f}% ({c['peak']:.0f} MiB)", f"{s['peak']:.0f} MiB"
@@ -153,7 +153,7 @@ def per_session(name: str, e: dict) -> Claim:
     m = memory_figures(e)
     s, c = m.get("stock", {}).get("session"), m.get("cadence", {}).get("session")
     if not s or c is None or not all(x["how"].startswith(PER_MODE) for x in m.values()):
-        row.note = f"not measured one process per mode ({status(e, 'memory_cadence')})"
+        row.note = f"not measured in a process per mode: {status(e, 'memory_cadence')}"
         return row
     row.ours, row.stock = c / s, s
     row.ours_text, row.stock_text = f"{c / s:.2f} of stock ({c:.0f} MiB)", f"{s:.0f} MiB"
@@ -169,7 +169,7 @@ def speak_time(name: str, e: dict) -> Claim:
     d = duplex_figures(e, name)
     s, c = ((d or {}).get("modes") or {}).get("stock") or {}, ((d or {}).get("modes") or {}).get("cadence") or {}
     if c.get("speak_vs_period_pct_mean") is None:
-        row.note = f"not measured ({status(e, 'duplex_cadence')})"
+        row.note = f"not measured: {status(e, 'duplex_cadence')}"
         return row
     row.ours, row.stock = c["speak_vs_period_pct_mean"], s.get("speak_vs_period_pct_mean")
     row.ours_text = f"{row.ours:+.1f}%"
@@ -230,7 +230,7 @@ def sessions(name: str, e: dict) -> Claim:
     if fs:
         row.stock, row.stock_text = session_limit(fs)[0], limit_text(fs)
     if not fc:
-        row.note = f"not measured ({status(e, 'duplex_cadence')})"
+        row.note = f"not measured: {status(e, 'duplex_cadence')}"
         return row
     lo, hi = session_limit(fc)
     beside = ((duplex_figures(e, name, ("duplex_oracle",)) or {}).get("modes") or {}).get("cadence")
