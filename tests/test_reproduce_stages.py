@@ -818,9 +818,9 @@ def test_a_search_without_a_clean_count_is_an_upper_bound_and_below_the_target_n
                              {"kind": "LISTEN", "release_ms": 2000.0, "service_ms": None, "samples": None}]
     e = done_duplex_stages(tmp_path / "e", {"duplex_cadence": cadence})
     e["verify"] = {"record": {"modes": {"cadence": {"metrics": {"kernel_busy_ms_per_unit_p50": 84.6}}}}}
-    line = row_of("\n".join(document.sessions_section({"workloads": {"minicpmo45": e}, "state": {}}, [], "")), "",
-                  "minicpmo45")
-    assert "307 eager steps; 0.7 SPEAK/s x 84.6 ms = 0.06 s of kernels per s |" in line
+    text = "\n".join(document.sessions_section({"workloads": {"minicpmo45": e}, "state": {}}, [], ""))
+    assert "307 eager steps; 0.7 SPEAK/s x 84.6 ms = 0.06 s of kernels per s |" in row_of(text, "", "minicpmo45")
+    assert "Kernels per s: " in text and "Kernels per s: " not in "\n".join(lines)
 
 
 def _mode_runs(best, counts_misses) -> dict:

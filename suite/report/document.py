@@ -190,9 +190,10 @@ def sessions_section(data: dict, files: list[str], prefix: str) -> list[str]:
            "`N (M missed x/y)`: N clean, M the next count tried missed x of y units; `N-K (...)`: the limit lies "
            "between N and K; `>= N`: no count tried missed. The targets are for unseen scripts: a figure whose "
            "sessions shared one script, or whose graphs came from their own script (oracle), is shown beside, "
-           "never as the headline. Kernels per s: the count's SPEAK units with audio per second times one unit's "
-           "kernel-busy time in this run's verify, what a GPU running one kernel at a time would need; above 1 "
-           "only kernels of several sessions running at once can keep up.", ""]
+           "never as the headline." + (" Kernels per s: the count's SPEAK units with audio per second times one "
+           "unit's kernel-busy time in this run's verify, what a GPU running one kernel at a time would need; above "
+           "1 only kernels of several sessions running at once can keep up." if any("SPEAK/s" in r[6] for r in rows)
+           else ""), ""]
     out += [f"![sessions]({prefix}{f})" for f in files] + ([""] if files else [])
     return out + [table(rows, ["workload", "stock sessions", "DuplexCadence sessions", "cadence / stock", "scripts",
                                "with oracle graphs", "DuplexCadence graphs: most per session, captures, eager",
