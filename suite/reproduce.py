@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ import torch
 
 import workloads
 from suite.measure import env
+from suite.measure.session import select_units
 from suite.records import DEFAULT_HARNESSES, HARNESSES, StateError, device_short_name, device_type, family
 from suite.report import document, single
 from suite.report.figures import load_reference
@@ -62,15 +64,27 @@ def resolve_device(name: str) -> str:
 
 
 def positive(kind):
+    """An argparse type: a finite `kind` > 0, else one line naming what was expected and what came."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a finite positive {kind.__name__}, got {text!r}")
         return value
     return parse
+
+
+def seed(text: str) -> int:
+    """An argparse type: a weights seed, an int in [0, 2**63) (torch.manual_seed takes a 64-bit int)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 2**63), got {text!r}")
+    return value
 
 
 def parse_args(argv: list[str] | None):
@@ -86,7 +100,7 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--max-speak-units", type=positive(int), default=None,
                     help=f"only the first N SPEAK units (CPU default {CPU_DEFAULT_SPEAK_UNITS})")
     ap.add_argument("--depth", choices=("released", "reduced"), default="released")
-    ap.add_argument("--seed", type=int, default=None, help="weights seed (default: the workload's)")
+    ap.add_argument("--seed", type=seed, default=None, help="weights seed (default: the workload's)")
     ap.add_argument("--out", default="results", help="results root for a new run folder (default results/)")
     ap.add_argument("--run-dir", default=None, help="the run folder (default <out>/<date>-<device>-reproduce)")
     ap.add_argument("--resume", action="store_true", help="continue --run-dir: keep done stages")
@@ -185,8 +199,12 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
         protocol = {k: v for k, v in (("processes", args.processes), ("passes", args.passes)) if v is not None}
         every = plans.plan(names, list(HARNESSES), kind, stage_budget_s=args.stage_budget_s,
                            options={**protocol, "seconds": args.seconds, "max_speak_units": args.max_speak_units})
-        patterns = [p.strip() for p in args.stages.split(",") if p.strip()] if args.stages else None
+        patterns = [p.strip() for p in args.stages.split(",") if p.strip()] if args.stages is not None else None
+        if patterns == []:
+            raise ValueError(f"--stages: expected comma-separated stage globs or names, got {args.stages!r}")
         chosen = plans.select(every, patterns) if patterns else [s for s in every if s.harness in DEFAULT_HARNESSES[kind]]
+        for name in names:                       # a cut that leaves nothing to compare is refused now
+            select_units(workloads.get(name), seconds=args.seconds, max_speak_units=args.max_speak_units)
         ckpts = env.parse_checkpoints(args.checkpoint, names)
         if args.resume and not args.run_dir:
             raise ValueError("--resume needs --run-dir (the folder to continue)")
@@ -206,9 +224,16 @@ def main(argv: list[str] | None = None, *, execute=None) -> int:
                **({"checkpoint": ckpts} if ckpts else {})}
     run_dir = run_dir_of(args, device)
     try:
+        there = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+        if not there.is_dir():
+            raise StateError(f"--run-dir / --out: {there} is a file, so {run_dir} cannot be a run folder")
         state = State.open(run_dir, options, resume=args.resume)
     except StateError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:                          # a parent that is a file, a folder that cannot be made
+        print(f"error: --run-dir / --out: cannot make the run folder {run_dir} ({exc.strerror or exc})",
+              file=sys.stderr)
         return 2
     if args.compare is not None:
         state.data["compare"] = list(args.compare)

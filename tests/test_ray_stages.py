@@ -130,3 +130,13 @@ def test_a_cluster_without_the_host_resource_is_refused(local_ray):
         on_ray.capacity("cuda")                                   # the local instance has no GPU
     assert on_ray.capacity("cpu") == 2
 
+
+
+def test_a_cluster_that_does_not_answer_is_a_state_error_naming_the_address(monkeypatch):
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", unreachable)
+    with pytest.raises(records.StateError, match=r"^--ray 1\.2\.3\.4:1: no Ray cluster could be joined there "
+                                                 r"\(Could not find any running Ray instance"):
+        on_ray.connect("1.2.3.4:1")

@@ -546,6 +546,30 @@ def test_an_empty_workload_list_is_an_error_not_an_empty_run(tmp_path, capsys):
     assert "--workload" in capsys.readouterr().err and stub.calls == [] and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--seconds", "nan"], "--seconds: expected a finite positive float, got 'nan'"),
+    (["--budget-s", "inf"], "--budget-s: expected a finite positive float, got 'inf'"),
+    (["--stage-budget-s", "nan"], "--stage-budget-s: expected a finite positive float, got 'nan'"),
+    (["--seed", str(2 ** 64)], f"--seed: expected an int in [0, 2**63), got '{2 ** 64}'"),
+    (["--stages", ","], "--stages: expected comma-separated stage globs or names, got ','"),
+    (["--seconds", "0.001"], "seconds: the first 0.001 s of minicpmo45's script hold no SPEAK unit"),
+    (["--checkpoint", "minicpmo45="], "--checkpoint 'minicpmo45=': no path given"),
+])
+def test_options_that_would_run_nothing_or_run_unbounded_are_refused_before_a_stage(args, says, tmp_path, capsys):
+    stub = Stub()
+    assert reproduce.main(["--device", "cpu", "--out", str(tmp_path), *args], execute=stub) == 2
+    assert says in capsys.readouterr().err and stub.calls == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_run_folder_under_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    for args in (["--run-dir", str(tmp_path / "f")], ["--run-dir", str(tmp_path / "f" / "sub")],
+                 ["--out", str(tmp_path / "f")]):
+        stub = Stub()
+        assert reproduce.main(["--device", "cpu", *args], execute=stub) == 2
+        assert f"{tmp_path / 'f'} is a file" in capsys.readouterr().err and stub.calls == []
+
+
 def test_a_legacy_duplex_entry_is_left_alone_and_listed(fake_registry, clean_tree, tmp_path, capsys):
     """A stages.json of the single `duplex` harness an older version ran: resume neither runs nor rewrites it;
     --list and the report name it; it is not counted."""

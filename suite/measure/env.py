@@ -148,7 +148,7 @@ def checkpoints() -> dict[str, str]:
 def parse_checkpoints(values: list[str] | None, workload_names: list[str]) -> dict[str, str]:
     """`--checkpoint` values, each "WORKLOAD=PATH" (or PATH alone when the run has one workload), as {workload:
     absolute path}. Raises ValueError naming a value without a workload, a workload not in the run (or named
-    twice), a path that does not exist."""
+    twice), an empty path or one that does not exist."""
     out = {}
     for value in values or []:
         name, sep, path = value.partition("=")
@@ -160,6 +160,8 @@ def parse_checkpoints(values: list[str] | None, workload_names: list[str]) -> di
         if name not in workload_names or name in out:
             raise ValueError(f"--checkpoint {value}: {name!r} is {'named twice' if name in out else 'not in this run'}"
                              f" (workloads: {workload_names})")
+        if not path.strip():
+            raise ValueError(f"--checkpoint {value!r}: no path given (expected WORKLOAD=PATH or PATH)")
         if not Path(path).exists():
             raise ValueError(f"--checkpoint {value}: {path} does not exist")
         out[name] = str(Path(path).resolve())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,15 +91,20 @@ class SessionRun:
 def select_units(workload, *, seconds: float | None = None, max_speak_units: int | None = None) -> list:
     """The units to run: the workload's script (`workload.session_script()`, validated), cut to its first
     `max_speak_units` SPEAK units over at least 2 turns (whole turns; a cut turn keeps its final unit) and/or
-    to the units starting before `seconds` (a turn cut there stays unflushed). Raises ValueError for a
-    non-positive limit or one too small for 2 turns."""
+    to the units starting before `seconds` (a turn cut there stays unflushed). Raises ValueError for a limit
+    that is not a finite positive number, one too small for 2 turns, or a cut that leaves no SPEAK unit."""
     for name, value in (("seconds", seconds), ("max_speak_units", max_speak_units)):
-        if value is not None and value <= 0:
-            raise ValueError(f"{name}: expected a positive number or None, got {value!r}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"{name}: expected a finite positive number or None, got {value!r}")
     script = workload.session_script()
     if max_speak_units is not None:
         script = script.select(max_speak_units, min_turns=2)
-    return [u for u in script.units if seconds is None or u.t_start_s < seconds]
+    units = [u for u in script.units if seconds is None or u.t_start_s < seconds]
+    if not any(u.kind == "SPEAK" for u in units):
+        raise ValueError(f"seconds: the first {seconds:g} s of {workload.name}'s script hold no SPEAK unit "
+                         f"(nothing to compare); give more seconds")
+    return units
 
 
 def payload_of(unit) -> tuple[object, str, int]:

@@ -42,15 +42,21 @@ def import_ray():
 def connect(address: str, *, num_cpus: int | None = None) -> bool:
     """Connect to the Ray cluster at `address` ("auto", an address) or start a local instance ("local",
     num_cpus: its CPUs, default all); a connection this process already holds is used as it is. Returns True
-    when this call started the instance (stop it after)."""
+    when this call started the instance (stop it after). Raises StateError when no cluster answers at
+    `address`."""
     ray = import_ray()
     if ray.is_initialized():                 # a connection this process made already: used as it is
         return False
     if address == "local":
         ray.init(num_cpus=num_cpus, resources={HOST_RESOURCE: HOST_UNITS}, include_dashboard=False, log_to_driver=True)
         return True
-    ray.init(address=address, log_to_driver=True,
-             runtime_env={"working_dir": str(REPO_ROOT), "excludes": WORKING_DIR_EXCLUDES})
+    try:
+        ray.init(address=address, log_to_driver=True,
+                 runtime_env={"working_dir": str(REPO_ROOT), "excludes": WORKING_DIR_EXCLUDES})
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StateError(f"--ray {address}: no Ray cluster could be joined there ({first[:200]}); start one "
+                         f"(`ray start --head ...`) or use --ray local") from None
     return False
 
 
