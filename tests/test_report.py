@@ -246,7 +246,7 @@ def test_reproduce_rejects_cuda_without_cuda(monkeypatch):
 @pytest.mark.parametrize("args, message", [
     pytest.param(["--workload", "nosuch"], "--workload nosuch: unknown workload", id="workload"),
     pytest.param(["--stages", "nosuch.*"], "no stage matches", id="stages"),
-    pytest.param(["--budget-s", "-5"], "expected a positive float", id="budget"),
+    pytest.param(["--budget-s", "-5"], "expected a finite positive float", id="budget"),
     pytest.param(["--device", "tpu"], "expected auto, cpu, cuda or cuda:N", id="device"),
     pytest.param(["--resume"], "--resume needs --run-dir", id="resume-without-dir"),
     pytest.param(["--compare", "/nonexistent"], "neither stages.json nor run.json", id="compare"),
@@ -426,3 +426,38 @@ def test_bytes_equal_claims_no_equality_for_a_duplex_stage_that_did_not_finish(s
              for h, (st, codes) in stages.items()}
     row = claims.bytes_equal("fake", entry)
     assert (row.ours_text, row.verdict) == (text, verdict)
+
+
+@pytest.mark.parametrize("damage", ["no metrics", "no parameters", "runs not a list", "other schema"])
+def test_a_damaged_duplex_record_is_refused_naming_its_file_and_nothing_is_written(tmp_path, capsys, damage):
+    from test_duplex import part
+    rec = part("cadence")
+    run = rec["workloads"]["wl_a"]["modes"]["cadence"]["runs"][0]
+    if damage == "no metrics":
+        del run["metrics"]
+    elif damage == "no parameters":
+        del rec["parameters"]
+    elif damage == "runs not a list":
+        rec["workloads"]["wl_a"]["modes"]["cadence"]["runs"] = 5
+    else:
+        rec["schema"] = "garbage/9"
+    records.write_duplex(tmp_path / "duplex.json", rec)
+    (tmp_path / "REPORT.md").write_text("before")
+    assert report.main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'duplex.json'}: not a duplex record this report can read" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["REPORT.md", "duplex.json"]
+    assert (tmp_path / "REPORT.md").read_text() == "before"
+
+
+def test_a_done_stages_damaged_record_is_refused_not_left_out(tmp_path, capsys):
+    """A truncated run.json of a done stage: the report names it and rewrites nothing (it used to drop the
+    stage and call its claims 'its stage ran and gave no figure')."""
+    run = tmp_path / "run"
+    shutil.copytree(REFERENCE, run, ignore=shutil.ignore_patterns("*.png", "*.wav"))
+    record = run / "moshi.verify" / "run.json"
+    record.write_text(record.read_text()[:100])
+    before = (run / "REPORT.md").read_text()
+    assert report.main([str(run)]) == 1
+    assert f"{record}: stage moshi.verify is done but its record is not a JSON object" in capsys.readouterr().err
+    assert (run / "REPORT.md").read_text() == before

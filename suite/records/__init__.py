@@ -227,7 +227,8 @@ def _runs(record: dict):
     """Every run dict of a duplex record (workloads -> modes -> runs), skipping what is not shaped so."""
     for w in (record.get("workloads") or {}).values():
         for m in ((w or {}).get("modes") or {}).values() if isinstance(w, dict) else ():
-            for run in (m or {}).get("runs") or () if isinstance(m, dict) else ():
+            runs = m.get("runs") if isinstance(m, dict) else None
+            for run in runs if isinstance(runs, list) else ():
                 if isinstance(run, dict):
                     yield run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -85,7 +86,8 @@ class StateError(ValueError):
 def check_stages(data, path) -> None:
     """Raises StateError naming `path` unless stages.json's content is shaped as it is written: an object of
     the schema, `options` with the run's device, `stages` objects of StageState's fields with a known status,
-    `dir` the stage's own plain name, numbers where numbers go, `sittings` a list of objects."""
+    `dir` the stage's own plain name, finite numbers >= 0 where numbers go, lists of names where lists go,
+    `compare` a list of folder names, `sittings` a list of objects."""
     if not isinstance(data, dict):
         raise StateError(f"{path}: expected a JSON object, got {type(data).__name__}")
     if data.get("schema") != STAGES_SCHEMA:
@@ -97,6 +99,10 @@ def check_stages(data, path) -> None:
     bad = next((s for s in data.get("sittings", []) if not isinstance(s, dict)), None)
     if bad is not None:
         raise StateError(f"{path}: 'sittings': expected a list of objects, got an item {json.dumps(bad)[:40]}")
+    compare = data.get("compare", [])
+    if not isinstance(compare, list) or not all(isinstance(c, str) and c for c in compare):
+        raise StateError(f"{path}: 'compare': expected a list of reference run folders (strings), got "
+                         f"{json.dumps(compare)[:60]}")
     opts = data.get("options")
     if not isinstance(opts, dict) or not isinstance(opts.get("device"), str):
         raise StateError(f"{path}: 'options': expected an object with the run's 'device' (as suite.reproduce "
@@ -118,9 +124,17 @@ def check_stages(data, path) -> None:
                              f"run folder (as the runner writes it), got {json.dumps(d)[:60]}")
         for key in ("seconds", "budget_s", "timeout_s"):
             v = st.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise StateError(f"{path}: stage {name!r}: {key!r}: expected a number or null, "
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v < 0):
+                raise StateError(f"{path}: stage {name!r}: {key!r}: expected a finite number >= 0 or null, "
                                  f"got {json.dumps(v)[:40]}")
+        for key in ("overlapped", "mismatched_units"):
+            v = st.get(key)
+            if v is not None and not isinstance(v, list):
+                raise StateError(f"{path}: stage {name!r}: {key!r}: expected a list or null, got {json.dumps(v)[:40]}")
+        if not all(isinstance(o, str) for o in st.get("overlapped") or []):
+            raise StateError(f"{path}: stage {name!r}: 'overlapped': expected stage names, got "
+                             f"{json.dumps(st['overlapped'])[:40]}")
 
 
 def read_stages(run_dir: Path) -> dict:

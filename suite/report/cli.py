@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-from suite.records import REPO_ROOT, read_dropins, read_duplex
+from suite.records import DUPLEX_READ_SCHEMAS, REPO_ROOT, read_dropins, read_duplex
 from suite.report import document, dropins, duplex, single
 from suite.report.plots import duplex_plots
 
@@ -49,11 +51,28 @@ def checked(folder: str | Path, compare: list[str] | None):
         raise ValueError(f"--compare {' '.join(compare)}: only for a staged reproduction (a folder with "
                          f"stages.json); {folder} is not one")
     if not (folder / "run.json").is_file() and (folder / "duplex.json").is_file():
-        record = read_duplex(folder / "duplex.json")
-        duplex.render(record)                       # renders, or raises before anything is written
+        path = folder / "duplex.json"
+        try:
+            record = read_duplex(path)
+            if not isinstance(record, dict) or record.get("schema") not in DUPLEX_READ_SCHEMAS:
+                raise ValueError(f"'schema': expected one of {list(DUPLEX_READ_SCHEMAS)}, got "
+                                 f"{(record.get('schema') if isinstance(record, dict) else type(record).__name__)!r}")
+            staging = Path(tempfile.mkdtemp(prefix="duplex-report-"))
+            try:                                    # plots drawn aside first: a bad record writes nothing here
+                plots = duplex_plots(record, staging)
+                text = duplex.render(record, plots)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ValueError(f"{path}: not a duplex record this report can read ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
 
         def write_duplex() -> Path:
-            (folder / "REPORT.md").write_text(duplex.render(record, duplex_plots(record, folder)))
+            for name in plots:
+                shutil.move(str(staging / name), str(folder / name))
+            shutil.rmtree(staging, ignore_errors=True)
+            (folder / "REPORT.md").write_text(text)
             return folder / "REPORT.md"
         return write_duplex
     text = (dropins.render(folder) if not (folder / "run.json").is_file() and read_dropins(folder)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from suite.records import (DUPLEX_READ_SCHEMAS, DUPLEX_STAGES, family, headline, invalid_codes,
+from suite.records import (DUPLEX_READ_SCHEMAS, DUPLEX_STAGES, StateError, family, headline, invalid_codes,
                            max_zero_miss, overlapping, read_dropins, read_json, read_stages, record_reasons,
                            speak_per_second, unpack_units, UNSEEN_TRAFFIC, verify_protocol)
 from suite.records.floor import read_floors
@@ -31,7 +31,8 @@ def load(run_dir: str | Path) -> dict:
     (suite.records.floor.read_floors)}:
     "record" a done stage's run.json; "duplex" a duplex stage's {"file", "record"} (done, or the checkpoint
     a failed or pending one left); "timed" how its last attempt was timed (`timed_beside`). Raises
-    FileNotFoundError for a missing stages.json, StateError (a ValueError) for a mis-shaped one."""
+    FileNotFoundError for a missing stages.json, StateError (a ValueError) for a mis-shaped one or a done
+    stage's run.json that is there but not a JSON object."""
     run_dir = Path(run_dir)
     state = read_stages(run_dir)
     out: dict = {}
@@ -40,6 +41,9 @@ def load(run_dir: str | Path) -> dict:
         entry = {"state": st, "record": None, "duplex": None, "timed": timed_beside(name, state["stages"])}
         if st.get("status") == "done":
             entry["record"] = read_json(folder / "run.json")
+            if entry["record"] is None and (folder / "run.json").exists():
+                raise StateError(f"{folder / 'run.json'}: stage {name} is done but its record is not a JSON object "
+                                 f"(truncated or damaged); restore it, or rerun the stage")
             if family(st["harness"]) == "duplex":           # per-mode stages, and a legacy both-mode one
                 entry["duplex"] = duplex_record(folder, run_dir)
         elif st.get("status") in ("failed", "pending") and st["harness"] in DUPLEX_STAGES.values():
