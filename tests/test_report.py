@@ -461,3 +461,32 @@ def test_a_done_stages_damaged_record_is_refused_not_left_out(tmp_path, capsys):
     assert report.main([str(run)]) == 1
     assert f"{record}: stage moshi.verify is done but its record is not a JSON object" in capsys.readouterr().err
     assert (run / "REPORT.md").read_text() == before
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("no modes", "not a run record (IndexError"),
+    ("other schema", "schema 'garbage/9', expected 'duplexcadence.run/1' or 'duplexcadence.verify/1'"),
+    ("verdict NaN", "verdict nan, expected 'VALID' or 'INVALID'"),
+])
+def test_a_damaged_run_record_is_refused_naming_it(tmp_path, capsys, damage, says):
+    rec = json.loads((REFERENCE / "moshi.memory_stock" / "run.json").read_text())
+    if damage == "no modes":
+        rec["modes"] = {}
+    elif damage == "other schema":
+        rec["schema"] = "garbage/9"
+    else:
+        rec["verdict"] = float("nan")
+    (tmp_path / "run.json").write_text(json.dumps(rec))
+    assert report.main([str(tmp_path)]) == 1
+    assert f"{tmp_path / 'run.json'}: {says}" in capsys.readouterr().err
+    assert not (tmp_path / "REPORT.md").exists()
+
+
+def test_a_truncated_dropin_record_is_refused_not_left_out(tmp_path, capsys):
+    folder = ROOT / "results" / "2026-12-01-h200-dropin-1"
+    for p in folder.glob("dropin_*.json"):
+        shutil.copy(p, tmp_path / p.name)
+    first = sorted(tmp_path.glob("dropin_*.json"))[0]
+    first.write_text(first.read_text()[:200])
+    assert report.main([str(tmp_path)]) == 1
+    assert f"{tmp_path}: {first.name}: not a JSON object (truncated or damaged)" in capsys.readouterr().err

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from suite.records import device_type, read_dropins
+from suite.records import device_type, read_dropins, read_json
 from suite.report.text import DASH, interval
 
 INTRO = ("The stock decode call's own loop against the same loop through its drop-in (`duplexcadence.dropin`), "
@@ -38,8 +38,12 @@ def section(records: list[dict]) -> list[str]:
 
 
 def render(folder: Path) -> str:
-    """REPORT.md of a folder holding drop-in records only. Raises ValueError for a record of the wrong shape."""
+    """REPORT.md of a folder holding drop-in records only. Raises ValueError for a record that does not read
+    as JSON or is of the wrong shape."""
+    unreadable = [p.name for p in sorted(Path(folder).glob("dropin_*.json")) if read_json(p) is None]
+    if unreadable:
+        raise ValueError(f"{folder}: {', '.join(unreadable)}: not a JSON object (truncated or damaged)")
     try:
         return "\n".join([f"# DuplexCadence drop-ins {Path(folder).name}", "", *section(read_dropins(folder))])
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
         raise ValueError(f"{folder}: a drop-in record of the wrong shape ({type(exc).__name__}: {exc})") from None

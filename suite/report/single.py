@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from suite.records import PUBLISHED, device_short_name, headline, published_for, read_json
+from suite.records import (PUBLISHED, RUN_SCHEMA, VERIFY_SCHEMA, device_short_name, headline, published_for,
+                           read_json)
 from suite.report.text import DASH, fmt, interval, pct_change, table
 
 
@@ -26,9 +27,13 @@ def render_file(path: Path) -> str:
     record = read_json(path)
     if record is None:
         raise ValueError(f"{path}: not JSON")
+    if record.get("schema") not in (RUN_SCHEMA, VERIFY_SCHEMA):
+        raise ValueError(f"{path}: schema {record.get('schema')!r}, expected {RUN_SCHEMA!r} or {VERIFY_SCHEMA!r}")
+    if record.get("verdict") not in ("VALID", "INVALID"):
+        raise ValueError(f"{path}: verdict {record.get('verdict')!r}, expected 'VALID' or 'INVALID'")
     try:
         return render(record)
-    except (TypeError, KeyError, AttributeError) as exc:
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError) as exc:
         raise ValueError(f"{path}: not a run record ({type(exc).__name__}: {exc})") from None
 
 
