@@ -14,7 +14,7 @@ COLS = ["session", "index", "kind", "release_ms", "start_ms", "service_ms", "mis
 def _record(tmp_path, rows, gate=None):
     provenance = {"capture_gate": gate} if gate else {}
     rec = {"parameters": {}, "provenance": provenance, "workloads": {"w": {"modes": {"cadence": {"runs": [
-        {"sessions": 2, "prepare": "voice", "wall_s": 61.5, "units": {"columns": COLS, "rows": rows}}]}}}}}
+        {"sessions": 2, "prepare": "voice", "wall_s": 61.5, "units": {"columns": COLS, "rows": rows, "interned": []}}]}}}}}
     (tmp_path / "duplex.json").write_text(json.dumps(rec))
     return tmp_path
 
@@ -54,7 +54,7 @@ def test_speak_units_per_second_and_the_kernel_demand_they_make(tmp_path):
             [1, 1, "LISTEN", 1500, None, None, False, None, None, None, None, None, None],
             [1, 2, "SPEAK", 2500, 2500, 100, False, 100, 0, None, None, None, 12000]]
     rec = {"parameters": {}, "provenance": {}, "workloads": {"w": {"modes": {"cadence": {"runs": [
-        {"sessions": 2, "prepare": "voice", "wall_s": 4.0, "units": {"columns": cols, "rows": rows}}]}}}}}
+        {"sessions": 2, "prepare": "voice", "wall_s": 4.0, "units": {"columns": cols, "rows": rows, "interned": []}}]}}}}}
     (tmp_path / "duplex.json").write_text(json.dumps(rec))
     (row,) = duplex_stalls.rows_of(tmp_path)
     assert row["speak_per_s"] == pytest.approx(1 / 2 + 2 / 3) and row["kernel_ms_per_unit"] is None
@@ -72,3 +72,16 @@ def test_a_kernels_option_that_is_not_a_folder_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         duplex_stalls.main([str(tmp_path), "--kernels", str(tmp_path / "nothing")])
     assert exc.value.code == 2 and "--kernels: expected a run folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", "{}", '{"workloads": {"w": {"modes": 5}}}'])
+def test_a_damaged_record_or_a_bad_json_path_is_a_usage_error(tmp_path, capsys, text):
+    (tmp_path / "duplex.json").write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        duplex_stalls.main([str(tmp_path)])
+    assert exc.value.code == 2 and "not a duplex record this tool can read" in capsys.readouterr().err
+    _record(tmp_path, [[0, 0, "SPEAK", 0, 0, 1, False, 1, 0, 0, 0, 0]])
+    for out in (tmp_path, tmp_path / "nothing" / "x.json"):
+        with pytest.raises(SystemExit) as exc:
+            duplex_stalls.main([str(tmp_path), "--json", str(out)])
+        assert exc.value.code == 2 and "--json: expected a file in an existing folder" in capsys.readouterr().err

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
-from suite.records import speak_per_second
+from suite.records import read_duplex, speak_per_second
 
 COLUMNS = ("record", "workload", "mode", "sessions", "capture_gate", "prepare", "wall_s", "speak_units", "missed",
            "eager_units", "missed_eager", "missed_replayed", "eager_tail_ms_p50", "eager_tail_s_sum",
@@ -35,8 +35,7 @@ COLUMNS = ("record", "workload", "mode", "sessions", "capture_gate", "prepare", 
 
 
 def _units(run: dict) -> list[dict]:
-    cols = run["units"]["columns"]
-    return [dict(zip(cols, row)) for row in run["units"]["rows"]]
+    return run.get("units") or []
 
 
 def _p(values, q):
@@ -60,7 +59,7 @@ def rows_of(path: Path, kernels: Path | None = None) -> list[dict]:
     """The rows of one duplex.json; kernels: a run folder with verify records (`kernel_ms`). Raises
     FileNotFoundError for a path without one."""
     file = path / "duplex.json" if path.is_dir() else path
-    rec = json.loads(file.read_text())
+    rec = read_duplex(file)
     params, out = rec.get("parameters", {}), []
     gate = rec.get("provenance", {}).get("capture_gate") or params.get("capture_gate") or "not recorded"
     for name, w in rec["workloads"].items():
@@ -102,17 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.kernels is not None and not args.kernels.is_dir():
         p.error(f"--kernels: expected a run folder holding <workload>.verify/run.json, got {str(args.kernels)!r}")
+    if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
+        p.error(f"--json: expected a file in an existing folder, got {str(args.json)!r}")
     rows = []
     for path in args.records:
         try:
             rows += rows_of(path, args.kernels)
         except FileNotFoundError:
             p.error(f"records: {str(path)!r} is not a duplex.json nor a folder holding one")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            p.error(f"records: {str(path)!r}: not a duplex record this tool can read ({type(exc).__name__}: "
+                    f"{str(exc)[:200]})")
     print(tabulate([[r[c] for c in COLUMNS] for r in rows], headers=COLUMNS,
                    floatfmt=[".2f" if c in ("speak_per_s", "kernel_demand") else ".0f" for c in COLUMNS]))
     if args.json:
-        args.json.write_text(json.dumps({"command": ["python", "tools/duplex_stalls.py", *(argv if argv is not None else sys.argv[1:])],
-                                         "rows": rows}, indent=1) + "\n")
+        command = ["python", "tools/duplex_stalls.py", *(argv if argv is not None else sys.argv[1:])]
+        args.json.write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
     return 0
 
 
