@@ -85,3 +85,9 @@ def test_same_bytes_compares_the_stages_both_folders_have_done(tmp_path, capsys)
     assert "w.verify: 1 units in both, 0 differ, 2 in one only" in capsys.readouterr().out
     assert same_bytes.main([a, c]) == 1 and "1 units in both, 1 differ, 0 in one only: [('stock', 3)]" in capsys.readouterr().out
     assert same_bytes.main([a, str(tmp_path / "nowhere")]) == 2
+    capsys.readouterr()
+    (tmp_path / "c" / "w.verify" / "run.json").write_text('{"modes": {"stock": {"units": [')     # truncated
+    assert same_bytes.main([a, c]) == 2
+    assert f"{tmp_path / 'c' / 'w.verify' / 'run.json'}: missing or not a JSON object" in capsys.readouterr().err
+    (tmp_path / "c" / "w.verify" / "run.json").write_text('{"modes": {"stock": {"units": [5]}}}')  # a unit not an object
+    assert same_bytes.main([a, c]) == 2 and "its units are not shaped as a run record's" in capsys.readouterr().err

@@ -6,7 +6,7 @@ sitting through Ray against the same stages without it).
 
 Prints a line per stage (units in both folders, how many differ, how many only one folder has: a run limited
 by --max-speak-units plays fewer) and exits 0 when every unit both have is equal, 1 when one differs or no
-stage is in both, 2 for a folder that is not a staged run.
+stage is in both, 2 for a folder that is not a staged run or a done stage whose record does not read.
 """
 from __future__ import annotations
 
@@ -18,8 +18,18 @@ from suite.report.runs import unit_hashes
 
 
 def hashes(run: Path, name: str) -> dict:
-    units = unit_hashes(read_json(run / name / "run.json"))
-    return {(mode, index): h for mode, by_index in units.items() for index, h in by_index.items()}
+    """(mode, unit index) -> hashes of a done stage's run.json. Raises ValueError naming the file where it does
+    not read as a run record with unit hashes."""
+    path = run / name / "run.json"
+    rec = read_json(path)
+    if rec is None:
+        raise ValueError(f"{path}: missing or not a JSON object (the stage is done in stages.json)")
+    try:
+        units = unit_hashes(rec)
+        return {(mode, index): h for mode, by_index in units.items() for index, h in by_index.items()}
+    except (AttributeError, TypeError, KeyError) as exc:
+        raise ValueError(f"{path}: its units are not shaped as a run record's ({type(exc).__name__}: {exc})") \
+            from None
 
 
 def main(argv: list[str]) -> int:
@@ -34,7 +44,11 @@ def main(argv: list[str]) -> int:
         return 2
     bad = compared = 0
     for name in sorted(done[0] & done[1]):
-        ha, hb = hashes(a, name), hashes(b, name)
+        try:
+            ha, hb = hashes(a, name), hashes(b, name)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         if not ha and not hb:
             continue
         keys = sorted(set(ha) & set(hb), key=str)
