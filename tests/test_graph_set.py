@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace as U
 
+import pytest
+
 from duplexcadence.errors import InputError
 from suite.measure import slack
 from tools import graph_set
@@ -103,3 +105,16 @@ def test_the_turn_family_holds_every_first_unit_every_final_after_the_ramp_and_t
     assert set(fam) == firsts | finals | full and len(fam) == len(set(fam))
     # a shorter unit inside a turn is not in it: the family is turns of full units between any first and last
     assert ("step", 1, 20, False) not in fam
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--workload", "bogus"], "--workload: expected some of"),
+    (["--units", "0"], "--units: expected an int >= 1, got '0'"),
+    (["--units", "2"], "--units: no usable window of 2 s in the recordings"),
+    (["--coverage", "8,0"], "--coverage: expected an int >= 1, got '0'"),
+    (["--out", "/nonexistent-folder/x.json"], "--out: expected a file in an existing folder"),
+])
+def test_bad_arguments_are_usage_errors_before_any_walk(args, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        graph_set.main(args)
+    assert exc.value.code == 2 and says in capsys.readouterr().err

@@ -32,6 +32,7 @@ import json
 import os
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -195,16 +196,34 @@ def workload_set(name: str, units: int) -> dict:
             "all_sessions": len(union)}
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--units", type=int, default=60)
+    ap.add_argument("--units", type=_count, default=60, help="units per session script (a window of the recordings)")
     ap.add_argument("--workload", action="append")
-    ap.add_argument("--coverage", type=lambda v: [int(k) for k in v.split(",")], default=None,
+    ap.add_argument("--coverage", type=lambda v: [_count(k) for k in v.split(",")], default=None,
                     help="comma-separated K: sessions capture the K signatures most frequent in other recordings")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     import workloads
+    from workloads import traffic
     names = args.workload or [w for w in workloads.names()]
+    unknown = [n for n in names if n not in workloads.names()]
+    if unknown:
+        ap.error(f"--workload: expected some of {workloads.names()}, got {unknown}")
+    if not traffic.windows(args.units):
+        ap.error(f"--units: no usable window of {args.units} s in the recordings (workloads.traffic: a window needs {traffic.MIN_TURNS} turns and {traffic.MIN_SPEAK_UNITS} SPEAK units); give more")
+    if args.out and (Path(args.out).is_dir() or not Path(args.out).resolve().parent.is_dir()):
+        ap.error(f"--out: expected a file in an existing folder, got {args.out!r}")
     rows = [workload_set(n, args.units) for n in names]
     for r in rows:
         p = r["per_session"]
