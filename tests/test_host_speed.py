@@ -7,8 +7,10 @@ probe, each with log-normal noise. So by construction log(a / b) = log(4) + 0.11
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 import time
 
 import numpy as np
@@ -17,7 +19,8 @@ import pytest
 from suite import records
 from suite.records import host_speed, paired
 from suite.records.host_speed import PROBE_REFERENCE_US, fit_host_speed
-from suite.records.paired import Pair, Summary, pack_pairs, reproduces, reproduces_at_reference, summarise
+from suite.records.paired import (Pair, Summary, pack_pairs, reproduces, reproduces_at_reference, split_states,
+                                  summarise)
 from suite.report import document, figures, runs
 
 STOCK_MS, CADENCE_MS, SLOPE = 200.0, 50.0, 0.11
@@ -268,3 +271,25 @@ def test_the_report_shows_both_bars_and_the_ratio_at_the_reference(tmp_path):
     assert cell.startswith("4.0") and "; +0.11" in cell
     verdict, reasons = runs.bar_at_reference(None, json.loads((ref / "run.json").read_text()), "w")
     assert verdict == "open" and reasons == ["w: not in this run"]
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("a_ms", 0.0, "a_ms: expected a finite time > 0 ms, got 0.0"),
+    ("b_ms", -1.0, "b_ms: expected a finite time > 0 ms, got -1.0"),
+    ("a_ms", float("nan"), "a_ms: expected a finite time > 0 ms, got nan"),
+    ("probe_between", float("inf"), "probe_between: expected a finite reading (us) or None, got inf"),
+])
+def test_a_measured_pair_without_a_finite_time_or_reading_is_refused_naming_it(field, value, says):
+    procs = run(7.0, 12.0, n=12)
+    procs[1][5] = dataclasses.replace(procs[1][5], **{field: value})
+    for fn in (fit_host_speed, summarise):
+        with pytest.raises(ValueError, match=re.escape(f"processes[1][5] (unit 5): {says}")):
+            fn(procs, n_boot=200)
+    procs[1][5] = dataclasses.replace(procs[1][5], measured=False)      # an unmeasured pair is not read
+    assert fit_host_speed(procs, n_boot=200).pairs == 35
+
+
+def test_summarise_names_a_bad_seed_and_probe_readings_beyond_a_float_have_one_state():
+    with pytest.raises(ValueError, match=r"^seed: expected an int >= 0, got -1"):
+        summarise(run(7.0, 12.0, n=12), seed=-1, n_boot=200)
+    assert split_states([1e200, 1e200, 1e308, 1e308, 1e308, 1e200]) is None

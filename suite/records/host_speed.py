@@ -123,19 +123,46 @@ def bootstrap_intercept(groups: list[tuple[np.ndarray, np.ndarray]], *, rng: np.
     return percentile_interval(a, confidence)
 
 
+def _finite(value, low_open: float | None) -> bool:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating)) \
+        and math.isfinite(value)
+    return ok and (low_open is None or value > low_open)
+
+
+def check_processes(processes) -> None:
+    """Raises ValueError naming the first bad place unless `processes` is a non-empty list (one per process) of
+    lists of Pair whose measured pairs hold finite times > 0 ms (a_ms, b_ms) and finite probe readings (or
+    None): a time of 0 or NaN has no ratio and a NaN reading no host speed, and either would otherwise come out
+    as a NaN figure with a finite interval."""
+    if isinstance(processes, (str, bytes)) or not isinstance(processes, (list, tuple)) or not processes:
+        raise ValueError(f"processes: expected a non-empty list of lists of Pair, got {processes!r:.80}")
+    for i, proc in enumerate(processes):
+        if not isinstance(proc, (list, tuple)) or not all(hasattr(p, "a_ms") and hasattr(p, "probes") for p in proc):
+            raise ValueError(f"processes[{i}]: expected a list of Pair, got {proc!r:.80}")
+        for j, p in enumerate(proc):
+            if not p.measured:
+                continue
+            for key in ("a_ms", "b_ms"):
+                if not _finite(getattr(p, key), 0.0):
+                    raise ValueError(f"processes[{i}][{j}] (unit {p.index}): {key}: expected a finite time > 0 ms, "
+                                     f"got {getattr(p, key)!r}")
+            for key in ("probe_before", "probe_between", "probe_after"):
+                v = getattr(p, key)
+                if v is not None and not _finite(v, None):
+                    raise ValueError(f"processes[{i}][{j}] (unit {p.index}): {key}: expected a finite reading (us) "
+                                     f"or None, got {v!r}")
+
+
 def fit_host_speed(processes, *, reference_us: float = PROBE_REFERENCE_US, seed: int = 0, n_boot: int = 2000,
                    min_processes: int = DEFAULT_MIN_PROCESSES, confidence: float = DEFAULT_CONFIDENCE) -> HostSpeedFit:
     """The HostSpeedFit of several processes' pairs (a list with one list of Pair per process). Uses the
     measured pairs with a_eager == b_eager == 0, samples > 0 and at least one probe reading. seed: the bootstrap's
     generator; n_boot: its resamples. Flags: fewer than `min_processes` processes or MIN_FIT_PAIRS pairs used,
     the reference outside the used pairs' probe range (an extrapolation), no fit. Raises ValueError naming
-    the argument for no processes, a process that is not a list of pairs, a reference that is not a positive
-    finite number, n_boot < 100 or a confidence outside (0, 1)."""
-    if isinstance(processes, (str, bytes)) or not isinstance(processes, (list, tuple)) or not processes:
-        raise ValueError(f"processes: expected a non-empty list of lists of Pair, got {processes!r:.80}")
-    for i, proc in enumerate(processes):
-        if not isinstance(proc, (list, tuple)) or not all(hasattr(p, "a_ms") and hasattr(p, "probes") for p in proc):
-            raise ValueError(f"processes[{i}]: expected a list of Pair, got {proc!r:.80}")
+    the argument for no processes, a process that is not a list of pairs or a measured pair with a time or
+    probe reading that is not finite (`check_processes`), a reference that is not a positive finite number,
+    n_boot < 100 or a confidence outside (0, 1)."""
+    check_processes(processes)
     if isinstance(reference_us, bool) or not isinstance(reference_us, (int, float, np.floating)) \
             or not math.isfinite(reference_us) or reference_us <= 0:
         raise ValueError(f"reference_us: expected a finite number > 0 (us per launch), got {reference_us!r}")

@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from suite.records.bootstrap import hierarchical_draws, padded_table, percentile_interval
-from suite.records.host_speed import PROBE_REFERENCE_US, fit_host_speed
+from suite.records.host_speed import PROBE_REFERENCE_US, check_processes, fit_host_speed
 
 MIN_PROCESSES = 3          # a run is at least three fresh processes (as pyperf runs its benchmarks)
 CONFIDENCE = 0.95          # the bootstrap interval's coverage
@@ -205,10 +205,11 @@ def split_states(values: Iterable[float], *, min_fraction: float = MIN_STATE_FRA
     components are clearly apart: Ashman's D = sqrt(2) |m2 - m1| / sqrt(s1^2 + s2^2) >= `min_separation`
     (D > 2 is the usual bound for two normals to separate cleanly; a skewed single mode fits as two
     overlapping components, D well under 2). The threshold is where the two weighted components are
-    equally likely, between the two means. Fewer than 4 finite readings, or all equal: None."""
+    equally likely, between the two means. Fewer than 4 finite readings, all equal, or readings whose squares
+    exceed a float: None."""
     x = np.sort(np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64))
     n = x.size
-    if n < 4 or x[0] == x[-1]:
+    if n < 4 or x[0] == x[-1] or np.abs(x).max() > 1e150:     # their squares would exceed a float: no fit
         return None
     c, c2 = np.cumsum(x), np.cumsum(x * x)
     k = np.arange(1, n)                                   # left cluster x[:k], right x[k:]
@@ -334,9 +335,12 @@ def summarise(processes: list[list[Pair]], *, seed: int = 0, n_boot: int = 2000)
     """Pool the pairs of several processes (one `run_pairs` result each) into a Summary (its docstring
     lists the fields). Host states: the probe readings of every measured pair of every process are split
     by `split_states`; each pair is then "fast", "slow" or "mixed" (`pair_state`). seed: the bootstrap's
-    generator; n_boot: its resamples. Raises ValueError for no processes or n_boot < 100."""
-    if not processes:
-        raise ValueError("processes: expected the pairs of at least one process, got none")
+    generator; n_boot: its resamples. Raises ValueError naming the place for no processes, a pair with a time
+    or probe reading that is not finite (suite.records.host_speed.check_processes), a seed that is not an int
+    >= 0 or n_boot < 100."""
+    check_processes(processes)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected an int >= 0, got {seed!r}")
     if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 100:
         raise ValueError(f"n_boot: expected an int >= 100, got {n_boot!r}")
     n_boot = int(n_boot)
