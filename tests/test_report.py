@@ -312,6 +312,12 @@ def test_publish_writes_the_fixed_paths_from_one_staged_run(fake_workloads, clea
     assert report.main([str(run_dir / "fake.verify"), "--publish", "--results", str(results)]) == 2
     assert report.main([str(run_dir), "--publish", "--results", str(tmp_path / "elsewhere")]) == 1
     assert "is not inside" in capsys.readouterr().err
+    (results / "CLAIMS.json").unlink()
+    (results / "CLAIMS.json").mkdir()                        # a destination that cannot be written
+    before = (run_dir / "REPORT.md").stat().st_mtime_ns
+    assert report.main([str(run_dir), "--publish", "--results", str(results)]) == 1
+    assert f"{results / 'CLAIMS.json'} cannot be written" in capsys.readouterr().err
+    assert (run_dir / "REPORT.md").stat().st_mtime_ns == before      # the run's own report not rewritten either
 
 
 def test_the_readme_results_table_says_what_the_published_claims_say():

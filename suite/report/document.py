@@ -317,7 +317,8 @@ def write(run_dir: str | Path, compare: list[str] | None = None, results_root: s
 def publish(run_dir: str | Path, results_root: str | Path) -> tuple[Path, Path]:
     """The run's report at the fixed paths `<results_root>/REPORT.md` (its plots linked in the run's folder)
     and `<results_root>/CLAIMS.json`, after writing the run's own (`write`). Returns both paths. Raises as
-    `prepare` does, and ValueError for a run folder outside results_root."""
+    `prepare` does, and ValueError for a run folder outside results_root or a destination that cannot be
+    written (checked before anything is)."""
     run_dir, root = Path(run_dir).resolve(), Path(results_root).resolve()
     try:
         prefix = Path(os.path.relpath(run_dir, root)).as_posix() + "/"
@@ -326,6 +327,9 @@ def publish(run_dir: str | Path, results_root: str | Path) -> tuple[Path, Path]:
     if prefix.startswith("../"):
         raise ValueError(f"--publish: {run_dir} is not inside {root}; publish a run folder under it")
     data, refs, _ = prepare(run_dir, None, root)
+    for path in (root / "REPORT.md", root / "CLAIMS.json"):
+        if path.exists() and not path.is_file() or not os.access(path if path.exists() else root, os.W_OK):
+            raise ValueError(f"--publish: {path} cannot be written (a folder, or no write access)")
     written = plots(data, run_dir)
     (run_dir / "REPORT.md").write_text(render(data, refs, written, root))
     (run_dir / "claims.json").write_text(json.dumps(claims_json(data), indent=1) + "\n")
