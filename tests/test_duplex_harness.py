@@ -541,8 +541,12 @@ def test_cli_recordings_serve_runs_stock_on_the_serve_half_without_graphs(tmp_pa
     (["--open-at", "join", "--policy", "edf"], "--open-at join: opens each session"),
     (["--open-at", "join", "--policy", "threads", "--traffic", "committed", "--sessions", "1"], "--open-at join"),
     (["--open-at", "later"], "--open-at"),
+    (["--prepare", "learned:\u00b2"], "--prepare: expected one of"),
+    (["--workload", "minicpmo45,minicpmo45"], "--workload: expected each workload once"),
+    (["--device", "cpu:7"], "--device: expected cpu, cuda or cuda:N, got 'cpu:7'"),
+    (["--out", ""], "--out: expected a folder (new or existing), got an empty path"),
 ])
 def test_cli_refuses_a_learned_prepare_it_cannot_run(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exc:
-        duplex.main(["--workload", "minicpmo45", "--device", "cpu", *flags, "--out", str(tmp_path / "o")])
+        duplex.main(["--workload", "minicpmo45", "--device", "cpu", "--out", str(tmp_path / "o"), *flags])
     assert exc.value.code == 2 and message in capsys.readouterr().err

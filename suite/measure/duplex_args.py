@@ -145,6 +145,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise usage_error(f"--modes: expected a subset of {MODES}, got {m!r}")
     if len(set(args.modes)) != len(args.modes):
         raise usage_error(f"--modes: expected each mode once, got {','.join(args.modes)!r}")
+    if not args.out.strip():
+        raise usage_error("--out: expected a folder (new or existing), got an empty path")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise usage_error(f"--out: expected a folder (new or existing), got the file {args.out!r}")
     if learned_graphs(args.prepare) and args.traffic != "voxconverse":
@@ -164,6 +166,8 @@ def check_args(args: argparse.Namespace) -> None:
                               f"and --traffic {args.traffic}")
     if args.max_sessions is not None and max(args.start, args.stock_start or 1) > args.max_sessions:
         raise usage_error(f"--max-sessions: {args.max_sessions} is below the start count")
+    if len(set(names_of(args.workload))) != len(names_of(args.workload)):
+        raise usage_error(f"--workload: expected each workload once, got {args.workload!r}")
     for name in names_of(args.workload):
         if name not in workloads.names():
             raise usage_error(f"--workload: expected 'all' or some of {workloads.names()}, got {name!r}")
@@ -177,6 +181,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}") from None
     if device.type not in ("cpu", "cuda"):
         raise usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r} (the CPU has no index)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise usage_error(f"--device: {args.device!r} given, but there is no CUDA device here "
                           "(torch.cuda.is_available() is False)")

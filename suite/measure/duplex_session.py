@@ -103,7 +103,7 @@ def learned_graphs(how: str) -> int | None:
     if how in ("voice", "turns", "oracle"):
         return None
     head, _, k = str(how).partition(":")
-    if head != "learned" or not k.isdigit() or int(k) < 1:
+    if head != "learned" or not (k.isascii() and k.isdigit()) or int(k) < 1:
         raise ValueError(f"prepare: expected one of {PREPARES} (K an int >= 1), got {how!r}")
     return int(k)
 
