@@ -161,6 +161,9 @@ def test_summary_leads_with_the_bytes_and_says_a_cpu_run_is_no_speed_figure(fake
     assert any(line.startswith("A/A floor (stock / stock): ") for line in lines)
     rows = [line.split() for line in lines if line.startswith(("stock ", "cadence "))]
     assert any("mode's own checks" in line for line in lines) and rows and all(r[-1] == "pass" for r in rows), lines
+    none = verify.summary_text({"device": "cpu", "verdict": "INVALID",
+                                "modes": {"stock": {"metrics": {"units_measured": 0}, "verdict": "VALID"}}})
+    assert [line for line in none.splitlines() if line.startswith("stock ")][0].endswith("- (no unit measured)")
 
 
 @pytest.mark.parametrize("bad", [{"processes": 0}, {"passes": 0}, {"warmup_pairs": -1}, {"aa_speak_units": 1.5},

@@ -316,7 +316,8 @@ def summary_text(record: dict) -> str:
                      "measurement (tail times below are for orientation only)")
     rows = [[mode, _f(m.get("units_measured")), _f(m.get("tail_ms_p50")), _f(m.get("tail_ms_p90")),
              _f(m.get("tail_ms_p99")), _f(m.get("rtf"), ".3f"), _f(m.get("eager_first_occurrences")),
-             "pass" if run["verdict"] == "VALID" else run["verdict"]]
+             ("pass" if run["verdict"] == "VALID" else run["verdict"]) if m.get("units_measured")
+             else "- (no unit measured)"]
             for mode, run in record["modes"].items() for m in [run["metrics"]]]
     lines.append(tabulate(rows, headers=["mode", "units measured", "tail ms p50", "p90", "p99", "RTF",
                                          "eager first occurrences", "mode's own checks"], disable_numparse=True))
