@@ -157,6 +157,17 @@ def test_threads_slack_runs_after_each_unit_on_its_thread_never_after_the_last()
     assert all(not (r.start_s < j.end_s and j.start_s < r.end_s) for r in rec for j in jobs)
 
 
+def test_threads_slack_has_until_the_next_release_on_the_grid_not_the_next_unit_with_work():
+    """Unit 1 carries no work: the job after unit 0 still has only until 1.0 s (0.8 s left), not until unit 2
+    at 2.0 s; unit 3 runs 1.5 s, past its own next release at 4.0 s, so the job after it has -0.5 s."""
+    clock, log = FakeClock(), []
+    sched = CadenceScheduler(period_s=PERIOD, policy="threads", clock=clock)
+    sched.admit(slack_slot("a", [0.2, None, 0.2, 1.5, 0.2], clock, log, job_cost=0.0))
+    sched.run()
+    assert [(x[1], x[3]) for x in log if str(x[1]).startswith("job")] == [("job0", 0.8), ("job2", 0.8),
+                                                                           ("job3", -0.5)]
+
+
 def test_threads_on_join_opens_at_the_phase_before_the_first_unit_and_units_released_meanwhile_start_late():
     """A session that joins at 0.5 s and takes 1.8 s to open (its on_join): its unit 0 (released at 0.5) and
     unit 1 (1.5) start once the open ends at 2.3; unit 2 (2.5) on time. The join is timed; edf refuses it."""

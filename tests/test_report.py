@@ -496,3 +496,18 @@ def test_a_truncated_dropin_record_is_refused_not_left_out(tmp_path, capsys):
     first.write_text(first.read_text()[:200])
     assert report.main([str(tmp_path)]) == 1
     assert f"{tmp_path}: {first.name}: not a JSON object (truncated or damaged)" in capsys.readouterr().err
+
+
+def test_a_later_folder_refused_leaves_no_plots_drawn_aside_for_an_earlier_one(tmp_path, monkeypatch, capsys):
+    from test_duplex import part
+    import tempfile
+    aside = tmp_path / "tmp"
+    aside.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(aside))
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    bad.mkdir()
+    records.write_duplex(good / "duplex.json", part("cadence"))
+    (bad / "duplex.json").write_text("{")
+    assert report.main([str(good), str(bad)]) == 1
+    assert list(aside.iterdir()) == [] and sorted(p.name for p in good.iterdir()) == ["duplex.json"]

@@ -87,10 +87,11 @@ def test_the_next_units_signatures_come_before_what_units_met():
 
 
 def test_a_signature_whose_steps_last_prepare_took_longer_than_what_is_left_waits():
-    """Each prepare takes 200 ms here; the job has 300 ms. The first signature (the next unit's) starts in any
-    case; the second, a past unit's, does not: at most 100 ms left is less than the 200 ms or more the step's
-    last prepare took. What the units met waits."""
+    """Each prepare takes 200 ms here; the job has 300 ms. The first signature (the next unit's, not held)
+    starts in any case and is captured; the second, a past unit's, does not: at most 100 ms left is less than
+    the 200 ms or more the step's last capture took. What the units met waits."""
     s, slack = spoken([7, 9])
+    s.graphs.discard(sig(fakes.MAX_TOKENS, 2))
     real = s.prepare
 
     def slow(sigs):
@@ -99,6 +100,28 @@ def test_a_signature_whose_steps_last_prepare_took_longer_than_what_is_left_wait
     s.prepare = slow
     end = time.perf_counter() + 0.3
     out = slack.job(lambda: end - time.perf_counter())
-    assert out["signatures"] == 1 and out["deferred"] == 2 and out["captures"] == 0
+    assert out["signatures"] == 1 and out["deferred"] == 2 and out["captures"] == 1
     assert slack.cost["step"] >= 0.2
     assert list(slack.pending) == [sig(7, 0), sig(9, 1)]
+
+
+def test_a_prepare_of_a_signature_held_already_does_not_lower_its_steps_cost():
+    """A capture takes 200 ms, a prepare of a held signature nothing. The next unit's signature (25, history 2)
+    is in the voice's set: preparing it is instant and must not make the step look free, so with 50 ms left
+    the capture of a past unit's (9, history 1) waits."""
+    s, slack = spoken([7])
+    real = s.prepare
+
+    def costly(sigs):
+        if any(sig not in s.graphs for sig in sigs):
+            time.sleep(0.2)
+        return real(sigs)
+    s.prepare = costly
+    slack.job(None)                                         # learns the step's cost from (7, history 0)
+    assert slack.cost["step"] >= 0.2
+    s.speak(list(range(9)))
+    slack.note(unit(1, 9), opened_turn=False, turn_open=True)
+    end = time.perf_counter() + 0.05
+    out = slack.job(lambda: end - time.perf_counter())
+    assert out["captures"] == 0 and out["deferred"] == 1 and list(slack.pending) == [sig(9, 1)]
+    assert slack.cost["step"] >= 0.2

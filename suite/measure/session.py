@@ -102,8 +102,10 @@ def select_units(workload, *, seconds: float | None = None, max_speak_units: int
         script = script.select(max_speak_units, min_turns=2)
     units = [u for u in script.units if seconds is None or u.t_start_s < seconds]
     if not any(u.kind == "SPEAK" for u in units):
-        raise ValueError(f"seconds: the first {seconds:g} s of {workload.name}'s script hold no SPEAK unit "
-                         f"(nothing to compare); give more seconds")
+        where = f"the first {seconds:g} s of {workload.name}'s script" if seconds is not None else \
+            f"{workload.name}'s script"
+        raise ValueError(f"seconds: {where} hold no SPEAK unit (nothing to compare)"
+                         + ("; give more seconds" if seconds is not None else ""))
     return units
 
 

@@ -18,8 +18,9 @@ units between a first and a last unit of any size meets, from the clocks alone. 
   likely next unit's signatures are always prepared: left for later, the next unit would meet them without a
   graph and run eagerly, and a session that is always late would never capture. `left()` gives the seconds
   before the slack must end (the scheduler: the session's next release on the period grid); a signature
-  noted from past units is started only while its cost, the time the last prepare of a signature of its step
-  took here, fits in what is left (a step not timed yet: while any time is left). The rest waits for a later
+  noted from past units is started only while its cost, the time the last prepare that captured (or tried
+  to) a signature of its step took here, fits in what is left (a step not timed yet: while any time is left;
+  a prepare of a signature the session held already does not count). The rest waits for a later
   slack (counted: `deferred`), so catching up on past units does not run into the next one.
 
 Nothing here reads a unit before it has run: the next unit's prediction uses only the clocks and the declared
@@ -96,7 +97,7 @@ class SlackCapture:
         self.clocks = None                  # the session's clocks before its next unit
         self.last: SessionStats | None = None
         self.turn_open = False
-        self.cost: dict = {}                # step name -> seconds the last prepare of one such signature took
+        self.cost: dict = {}                # step name -> seconds the last capturing prepare of one took
         self.totals = {"in_units": dict.fromkeys(COUNTERS, 0), "in_slack": dict.fromkeys(COUNTERS, 0),
                        "jobs": 0, "signatures_asked": 0, "deferred": 0, "slack_ms": 0.0, "slack_ms_max": 0.0}
         self.units: list[dict] = []         # per unit with work: index and what ran inside it
@@ -141,10 +142,12 @@ class SlackCapture:
         for sig in want:
             if sig not in nxt and left is not None and left() <= self.cost.get(sig.step, 0.0):
                 break                               # no time for it in this slack: a later one takes it
-            t = time.perf_counter()
+            t, was = time.perf_counter(), self.session.stats()
             with self.lock:
                 self.session.prepare([sig])
-            self.cost[sig.step] = time.perf_counter() - t
+            now = self.session.stats()
+            if any(getattr(now, k) > getattr(was, k) for k in ("captures", "capture_failures", "warmup_runs")):
+                self.cost[sig.step] = time.perf_counter() - t   # a prepare that held it already costs nothing
             self.known.add(sig)
             asked.append(sig)
         self.pending = {s: None for s in self.pending if s not in self.known}

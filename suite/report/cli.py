@@ -74,6 +74,7 @@ def checked(folder: str | Path, compare: list[str] | None):
             shutil.rmtree(staging, ignore_errors=True)
             (folder / "REPORT.md").write_text(text)
             return folder / "REPORT.md"
+        write_duplex.discard = lambda: shutil.rmtree(staging, ignore_errors=True)
         return write_duplex
     text = (dropins.render(folder) if not (folder / "run.json").is_file() and read_dropins(folder)
             else single.render_file(folder / "run.json"))
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             writers.append(checked(folder, args.compare))
         except (FileNotFoundError, ValueError) as exc:     # ValueError: StateError, a bad record
+            for write in writers:                           # what earlier folders drew aside
+                getattr(write, "discard", lambda: None)()
             print(f"error: {exc} (nothing was rebuilt)", file=sys.stderr)
             return 1
     for write in writers:

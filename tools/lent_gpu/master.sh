@@ -41,7 +41,7 @@ for step in "$@"; do
       [ -d .gpu/$RUN ] && [ ! -d $W/$RUN ] && cp -r .gpu/$RUN $W/$RUN      # an earlier sitting's folder, carried
       WHEELS=.whl timeout 900 make reproduce RAY=1 ARGS="--ray local --device cuda --stages '*.verify' --resume \
         --run-dir $W/$RUN ${limit:+--max-speak-units $limit}" > $W/verify-$RUN.log 2>&1 ;;
-    reproduce|reproduce:*)
+    reproduce|reproduce:*|reproduce@*)
       rest=${step#reproduce}; rest=${rest#:}; pats=${rest%@*}; b=; [ "$rest" != "$pats" ] && b=${rest##*@}
       mkdir -p results
       [ -d .gpu/$RUN ] && [ ! -d $W/$RUN ] && cp -r .gpu/$RUN $W/$RUN
