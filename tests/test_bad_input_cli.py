@@ -91,3 +91,51 @@ def test_same_bytes_compares_the_stages_both_folders_have_done(tmp_path, capsys)
     assert f"{tmp_path / 'c' / 'w.verify' / 'run.json'}: missing or not a JSON object" in capsys.readouterr().err
     (tmp_path / "c" / "w.verify" / "run.json").write_text('{"modes": {"stock": {"units": [5]}}}')  # a unit not an object
     assert same_bytes.main([a, c]) == 2 and "its units are not shaped as a run record's" in capsys.readouterr().err
+
+
+def _harness_cli(name):
+    from suite.measure import dropin, floor, stress
+    return {"floor": (floor.main, ["--workload", "moshi", "--device", "cpu"]),
+            "stage": (stage.main, ["mode", "--workload", "moshi", "--mode", "stock", "--device", "cpu"]),
+            "dropin": (dropin.main, ["--dropin", "mimi", "--device", "cpu"]),
+            "stress": (stress.main, ["--workloads", "moshi", "--device", "cpu", "--seconds", "1"])}[name]
+
+
+@pytest.mark.parametrize("name", ["floor", "stage", "dropin", "stress"])
+@pytest.mark.parametrize("extra, says", [
+    (["--out", "{file}"], "--out: expected a folder (new or existing), got '{file}': {file} is a file"),
+    (["--out", "{file}/sub"], "--out: expected a folder (new or existing), got '{file}/sub': {file} is a file"),
+    (["--out", ""], "--out: expected a folder (new or existing), got an empty path"),
+    (["--out", "{tmp}/o", "--device", "cuda:7"], "--device: expected a CUDA device this machine has"),
+    (["--out", "{tmp}/o", "--device", "cpu:3"], "--device: expected cpu, cuda or cuda:N, got 'cpu:3'"),
+    (["--out", "{tmp}/o", "--steps", "5"], "steps"),
+])
+def test_every_harness_refuses_a_bad_out_device_or_steps_before_it_runs(tmp_path, capsys, name, extra, says):
+    """One line naming the flag, exit 2, nothing written: an --out that is a file, under a file or empty (it
+    wrote into the current folder), a CUDA device this machine lacks, an indexed CPU, Euler steps for a codec
+    decoder (recorded as euler_steps -4 before)."""
+    if extra[-1] == "cuda:7" and __import__("torch").cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    (tmp_path / "f").write_text("")
+    subs = {"file": str(tmp_path / "f"), "tmp": str(tmp_path)}
+    main, args = _harness_cli(name)
+    try:
+        code = main([*args, *(e.format(**subs) for e in extra)])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    assert says.format(**subs) in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_floor_refuses_timeout_nan_unknown_or_no_modes_before_a_child_runs(tmp_path, capsys):
+    from suite.measure import floor
+    for extra, says in ((["--timeout-s", "nan"], "--timeout-s: expected finite seconds > 0, got nan"),
+                        (["--timeline-modes", "bogus"], "--timeline-modes: moshi has the modes"),
+                        (["--timeline-modes", ","], "--timeline-modes: expected at least one mode (or --memory)")):
+        try:
+            code = floor.main(["--workload", "moshi", "--device", "cpu", "--out", str(tmp_path / "o"), *extra])
+        except SystemExit as exc:
+            code = exc.code
+        assert code == 2 and says in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

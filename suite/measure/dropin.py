@@ -291,19 +291,13 @@ def _int(least: int):
     return parse
 
 
-def _device(text: str) -> str:
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
-    return text
-
-
 def main(argv: list[str] | None = None) -> int:
     """The CLI (module docstring). Exit status 0: the record was written (whatever its verdict); 2: bad
     arguments (argparse names the argument); anything else is a crash."""
     ap = argparse.ArgumentParser(prog="python -m suite.measure.dropin", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dropin", required=True, choices=sorted(LOOPS))
-    ap.add_argument("--device", required=True, type=_device, help="cpu | cuda | cuda:N")
-    ap.add_argument("--out", required=True, help="the folder dropin_<name>.json goes to")
+    ap.add_argument("--device", required=True, type=env.device_arg, help="cpu | cuda | cuda:N")
+    ap.add_argument("--out", required=True, type=env.out_folder, help="the folder dropin_<name>.json goes to")
     ap.add_argument("--processes", type=_int(1), default=MIN_PROCESSES, help=f"default {MIN_PROCESSES}")
     ap.add_argument("--depth", choices=("released", "reduced"), default=None, help="default: released on CUDA")
     ap.add_argument("--steps", type=_int(1), default=None, help="Euler steps (token2wav)")

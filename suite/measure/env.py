@@ -8,7 +8,9 @@ launched eager kernels around a measurement.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import datetime as _dt
 import functools
 import hashlib
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+import workloads
 from duplexcadence import gate, upstream
 from suite.records import REPO_ROOT, git
 
@@ -316,3 +319,53 @@ def nvml_handle(device: str | torch.device):
             return pynvml, pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
     except Exception:  # no pynvml, no NVML library, or an older driver: say so by returning nothing
         return None, None
+
+
+# --- command-line values every harness takes -----------------------------------------------------------------
+def out_folder(text: str) -> str:
+    """An argparse type: a folder to write into, new or existing: not empty, not a file, not under a file."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder (new or existing), got an empty path")
+    path = Path(text)
+    there = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
+    if not there.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a folder (new or existing), got {text!r}: {there} is a file")
+    return text
+
+
+def device_arg(text: str) -> str:
+    """An argparse type: "cpu", or "cuda" / "cuda:N" naming a CUDA device this machine has."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index is not None):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise argparse.ArgumentTypeError(f"expected a CUDA device this machine has ({torch.cuda.device_count()} "
+                                         f"here), got {text!r}")
+    return text
+
+
+def seed_arg(text: str) -> int:
+    """An argparse type: a weights seed, an int in [0, 2**63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 2**63), got {text!r}")
+    return value
+
+
+def check_steps_apply(names, steps) -> None:
+    """Raises ValueError naming --steps unless every workload in `names` takes `steps` Euler steps (the
+    workload's own check: an int in [1, 16] for flow_hift, none for a codec decoder). None: each its own."""
+    if steps is None:
+        return
+    for name in names:
+        w = workloads.get(name)
+        try:
+            dataclasses.replace(w, euler_steps=steps, spec={**w.spec, "n_timesteps": steps})
+        except ValueError as exc:
+            raise ValueError(f"--steps {steps}: {exc}") from None

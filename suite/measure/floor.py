@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -35,13 +35,13 @@ import torch
 from tabulate import tabulate
 
 import workloads
-from duplexcadence import gate
+from duplexcadence import gate, runtime
 from duplexcadence.session import SessionStats
 from suite.measure import env
 from suite.measure.kernels import DATA_MOVEMENT_KERNELS, data_movement, trace_call, unit_timeline
 from suite.measure.memory import (DriverReader, allocation_history, device_sample, itemise, model_bytes,
                                   snapshot_sites)
-from suite.measure.session import ModeUnavailable, UnitTimer, build, open_session, payload_of, setup
+from suite.measure.session import ModeUnavailable, UnitTimer, build, modes, open_session, payload_of, setup
 from suite.records import EXIT_UNAVAILABLE, REPO_ROOT, jsonable
 from suite.records.floor import (FLOOR_SCHEMA, MEMORY_HEADERS, TIMELINE_HEADERS, memory_rows,
                                  timeline_rows)
@@ -247,8 +247,9 @@ def run_mode(workload, mode: str, device, *, depth: str = "released", steps: int
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m suite.measure.floor", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", action="append", required=True, help="a workload name, repeatable, or `all`")
-    ap.add_argument("--device", required=True, help="cpu | cuda | cuda:N")
-    ap.add_argument("--out", required=True, help="the folder for floor.json and one folder per process")
+    ap.add_argument("--device", required=True, type=env.device_arg, help="cpu | cuda | cuda:N")
+    ap.add_argument("--out", required=True, type=env.out_folder,
+                    help="the folder for floor.json and one folder per process")
     ap.add_argument("--units", type=int, default=3, help="steady SPEAK units profiled, one at a time (default 3)")
     ap.add_argument("--warm-units", type=int, default=3, help="first SPEAK units run before measuring (default 3)")
     ap.add_argument("--timed-units", type=int, default=3, help="steady SPEAK units timed unprofiled (default 3)")
@@ -257,21 +258,35 @@ def parse_args(argv):
     ap.add_argument("--prepare", choices=PREPARE, default="met")
     ap.add_argument("--depth", choices=("released", "reduced"), default="released")
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--seed", type=env.seed_arg, default=None)
     ap.add_argument("--keep-traces", action="store_true", help="keep each profiled unit's trace (.json.gz)")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per process (default 300)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--child", default=None, metavar="MODE", help=argparse.SUPPRESS)
     ap.add_argument("--no-timeline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        ap.error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
     for name in ("units", "warm_units", "timed_units"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')}: expected an int >= 0, got {getattr(args, name)}")
-    if args.timeout_s <= 0:
-        ap.error(f"--timeout-s: expected seconds > 0, got {args.timeout_s}")
+    if not math.isfinite(args.timeout_s) or args.timeout_s <= 0:
+        ap.error(f"--timeout-s: expected finite seconds > 0, got {args.timeout_s}")
     args.timeline_modes = [m for m in args.timeline_modes.split(",") if m]
+    if len(set(args.timeline_modes)) != len(args.timeline_modes):
+        ap.error(f"--timeline-modes: expected each mode once, got {args.timeline_modes}")
+    if not args.timeline_modes and not args.memory and args.child is None:
+        ap.error("--timeline-modes: expected at least one mode (or --memory), got none: nothing would be measured")
+    if args.child is None:
+        try:
+            names = _names(args.workload)
+            env.check_steps_apply(names, args.steps)
+        except KeyError as exc:
+            ap.error(f"--workload: {exc.args[0] if exc.args else exc}")
+        except ValueError as exc:
+            ap.error(str(exc))
+        for name in names:
+            known = modes(runtime.adapter(workloads.get(name).architecture))
+            if unknown := [m for m in args.timeline_modes if m not in known]:
+                ap.error(f"--timeline-modes: {name} has the modes {list(known)}, got {unknown}")
     return args
 
 

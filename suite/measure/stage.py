@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
 import workloads
+from suite.measure import env
 from suite.records import EXIT_UNAVAILABLE, write_run
 from suite.records.paired import Protocol
 
@@ -31,13 +31,13 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("harness", choices=("verify", "mode", "verify-process"))
     ap.add_argument("--workload", required=True)
     ap.add_argument("--mode", default=None, help="for `mode`: stock | cadence | another mode the adapter declares")
-    ap.add_argument("--device", required=True, help="cpu | cuda | cuda:N")
-    ap.add_argument("--out", default=None, help="the stage's folder (run.json goes there)")
+    ap.add_argument("--device", required=True, type=env.device_arg, help="cpu | cuda | cuda:N")
+    ap.add_argument("--out", default=None, type=env.out_folder, help="the stage's folder (run.json goes there)")
     ap.add_argument("--depth", choices=("released", "reduced"), default="released")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--max-speak-units", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--seed", type=env.seed_arg, default=None)
     ap.add_argument("--processes", type=int, default=DEFAULTS.processes,
                     help=f"verify: fresh processes, each building the model once (default {DEFAULTS.processes})")
     ap.add_argument("--passes", type=int, default=DEFAULTS.passes,
@@ -65,8 +65,6 @@ def parse_args(argv: list[str] | None):
         ap.error("--out: the stage's folder is required")
     if args.harness == "verify-process" and not (args.result and args.protocol):
         ap.error("verify-process: started by verify, with --result and --protocol")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        ap.error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
     if args.harness == "verify":
         try:
             args.protocol = Protocol(processes=args.processes, passes=args.passes, warmup_pairs=args.warmup_pairs,
@@ -86,7 +84,8 @@ def main(argv: list[str] | None = None, *, entry: str = "suite.measure.stage") -
     command = [sys.executable, "-m", "suite.measure.stage", *(sys.argv[1:] if argv is None else argv)]
     try:
         workload = workloads.get(args.workload)
-    except KeyError as exc:
+        env.check_steps_apply([args.workload], args.steps)
+    except (KeyError, ValueError) as exc:
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2
     from suite.measure.session import ModeUnavailable

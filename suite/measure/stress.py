@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", type=_names, default=["minicpmo45", "moshi", "qwen3_omni", "stepaudio2_mini"],
                    help="workload names, comma-separated")
     p.add_argument("--modes", type=_names, default=list(MODES), help="modes to mix, comma-separated")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=env.device_arg, default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=_at_least(int, 1), default=16)
     p.add_argument("--seconds", type=_at_least(float, 0, strict=True), default=600.0, help="seconds of stress")
     p.add_argument("--seed", type=_at_least(int, 0), default=0)
@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_at_least(int, 1), default=None, help="override the Euler steps")
     p.add_argument("--prompt-seconds", type=_at_least(float, 0, strict=True), default=None,
                    help="override the voice prompt's seconds")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, type=env.out_folder)
     p.add_argument("--memory-sites", action="store_true",
                    help="record every CUDA allocation's Python stack (slower) so the residue names its sites")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
@@ -418,15 +418,18 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      f"--trace-python {args.trace_python} with --quiesce-every {args.quiesce_every}")
     if args.trim_heap and not args.quiesce_every:
         parser.error("--trim-heap: needs --quiesce-every K > 0 (the heap is trimmed at quiescent samples)")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        parser.error(f"--out: expected a folder (new or existing), got the file {args.out!r}")
+    flow = [n for n in args.workloads if workloads.get(n).euler_steps is not None]   # --steps applies to these
+    if args.steps is not None and not flow:
+        parser.error(f"--steps: none of {args.workloads} has Euler steps (codec decoders); leave it out")
     try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cuda"
-                                                                and not torch.cuda.is_available()):
-        parser.error(f"--device: expected cpu or an available CUDA device (cuda, cuda:N), got {args.device!r}")
+        env.check_steps_apply(flow, args.steps)
+    except ValueError as exc:
+        parser.error(str(exc))
+    from workloads import traffic
+    if not traffic.windows(args.script_seconds):
+        parser.error(f"--script-seconds: no usable window of {args.script_seconds} s in the recordings "
+                     f"(workloads.traffic: a window needs {traffic.MIN_TURNS} turns and {traffic.MIN_SPEAK_UNITS} "
+                     f"SPEAK units)")
 
 
 def exit_status(record: dict) -> int:
