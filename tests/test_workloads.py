@@ -423,3 +423,11 @@ def test_missing_and_empty_files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ScriptError, match="empty file"):
         load_script(tmp_path / "empty.jsonl")
+
+
+def test_make_sessions_takes_no_arguments_and_writes_nothing_when_given_one():
+    before = {p: p.stat().st_mtime_ns for p in make_sessions.SESSIONS.glob("*.jsonl")}
+    for argv in (["--bogus"], ["--help"]):
+        with pytest.raises(SystemExit):
+            make_sessions.main(argv)
+    assert before and {p: p.stat().st_mtime_ns for p in make_sessions.SESSIONS.glob("*.jsonl")} == before

@@ -174,7 +174,11 @@ def render_all() -> dict[Path, str]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Rewrite every script. It takes no arguments: any (or --help) prints the usage and writes nothing."""
+    import argparse
+    argparse.ArgumentParser(prog="python -m workloads.make_sessions",
+                            description=__doc__.split("\n\n")[0]).parse_args(argv)
     SESSIONS.mkdir(parents=True, exist_ok=True)
     for path, text in render_all().items():
         path.write_text(text, encoding="utf-8", newline="\n")
