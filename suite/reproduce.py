@@ -76,17 +76,6 @@ def positive(kind):
     return parse
 
 
-def seed(text: str) -> int:
-    """An argparse type: a weights seed, an int in [0, 2**63) (torch.manual_seed takes a 64-bit int)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 <= value < 2 ** 63:
-        raise argparse.ArgumentTypeError(f"expected an int in [0, 2**63), got {text!r}")
-    return value
-
-
 def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m suite.reproduce", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default=None,
@@ -100,7 +89,7 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--max-speak-units", type=positive(int), default=None,
                     help=f"only the first N SPEAK units (CPU default {CPU_DEFAULT_SPEAK_UNITS})")
     ap.add_argument("--depth", choices=("released", "reduced"), default="released")
-    ap.add_argument("--seed", type=seed, default=None, help="weights seed (default: the workload's)")
+    ap.add_argument("--seed", type=env.seed_arg, default=None, help="weights seed (default: the workload's)")
     ap.add_argument("--out", default="results", help="results root for a new run folder (default results/)")
     ap.add_argument("--run-dir", default=None, help="the run folder (default <out>/<date>-<device>-reproduce)")
     ap.add_argument("--resume", action="store_true", help="continue --run-dir: keep done stages")
