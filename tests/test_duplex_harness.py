@@ -550,3 +550,23 @@ def test_cli_refuses_a_learned_prepare_it_cannot_run(tmp_path, capsys, flags, me
     with pytest.raises(SystemExit) as exc:
         duplex.main(["--workload", "minicpmo45", "--device", "cpu", "--out", str(tmp_path / "o"), *flags])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+class SlowClock(FakeClock):
+    """Every reading of the clock costs 0.3 s: units and slack jobs end past their next release."""
+
+    def now(self) -> float:
+        self.t += 0.3
+        return self.t
+
+
+def test_deferred_signatures_and_slack_jobs_past_their_release_reach_the_record(fake):
+    """With time running out in every slack, the record carries what the jobs left and ran over: the sum of
+    the sessions' deferred signatures, and the jobs whose end came after their next release, per unit too."""
+    run = _run(fakes.workload(), fake, "cadence", 2, clock=SlowClock(), slack="after")[0]
+    per_session = sum(c["signatures_deferred"] for c in run["capture"])
+    jobs = [u for u in run["units"] if u.get("slack_where")]
+    assert per_session > 0 and run["slack_signatures_deferred"] == per_session
+    assert sum(u["slack_deferred"] for u in jobs) == per_session
+    assert run["slack_jobs_overrun"] > 0
+    assert run["slack_jobs_overrun"] == sum(1 for u in jobs if u["slack_overrun_ms"] > 0)
