@@ -378,7 +378,8 @@ def test_cli_cuda_without_cuda_exits_2_naming_the_flag(tmp_path, capsys):
         duplex.main(["--device", "cuda", "--out", str(tmp_path / "out")])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("python -m suite.measure.duplex: error: --device")
+    assert len(err) == 1 and err[0].startswith("python -m suite.measure.duplex: error: --device: expected a "
+                                               "CUDA device this machine has (0 here), got 'cuda'")
     assert not (tmp_path / "out").exists()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 import torch
 
@@ -108,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", action="append", default=None, metavar="[WORKLOAD=]PATH",
                    help="build WORKLOAD from the checkpoint at PATH (its released layout, docs/weights.md; repeatable; "
                         "PATH alone with one workload); default: seeded random weights")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, type=env.out_folder)
     p.add_argument("--quiet", dest="progress", action="store_false")
     return p
 
@@ -145,10 +144,6 @@ def check_args(args: argparse.Namespace) -> None:
             raise usage_error(f"--modes: expected a subset of {MODES}, got {m!r}")
     if len(set(args.modes)) != len(args.modes):
         raise usage_error(f"--modes: expected each mode once, got {','.join(args.modes)!r}")
-    if not args.out.strip():
-        raise usage_error("--out: expected a folder (new or existing), got an empty path")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise usage_error(f"--out: expected a folder (new or existing), got the file {args.out!r}")
     if learned_graphs(args.prepare) and args.traffic != "voxconverse":
         raise usage_error(f"--prepare {args.prepare}: learns from the recordings, so it needs --traffic voxconverse, "
                           f"got {args.traffic!r}")
@@ -175,17 +170,10 @@ def check_args(args: argparse.Namespace) -> None:
                                                    session_units(workloads.get(name), args.seconds)):
             raise usage_error(f"--seconds: the first {args.seconds:g} s of {name}'s script hold no SPEAK unit "
                               f"(nothing to measure); give more seconds")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r}")
-    if device.type == "cpu" and device.index not in (None, 0):
-        raise usage_error(f"--device: expected cpu, cuda or cuda:N, got {args.device!r} (the CPU has no index)")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise usage_error(f"--device: {args.device!r} given, but there is no CUDA device here "
-                          "(torch.cuda.is_available() is False)")
+    try:                                        # checked here, not at parsing: a stage's argv parses anywhere
+        env.device_arg(args.device)
+    except argparse.ArgumentTypeError as exc:
+        raise usage_error(f"--device: {exc}") from None
     try:
         args.checkpoints = env.parse_checkpoints(args.checkpoint, names_of(args.workload))
     except ValueError as exc:
