@@ -9,7 +9,8 @@
 #         reproduce[:STAGES][@S] the reproduce stages STAGES (reproduce's --stages; default every one) through Ray
 #                             in run folder /tmp/m/$RUN, --resume as verify's, a sitting of at most S seconds
 #                             (--budget-s): a complete run spread over several sittings, its folder carried
-#         asv                 make asv for the commit .gpu/env.sh names (needs .gpu/shallow.git), results in asv/
+#         asv                 make asv for the commit .gpu/env.sh names (needs .gpu/shallow.git), results in asv/,
+#                             asv machine h200 or h100 after the card
 #         stress:SECONDS      the CUDA stress of the four models, 16 threads, quiescent samples every 16 closes,
 #                             references first; STRESS_ARGS adds options (e.g. --trace-python 20)
 #         duplex:W[:GATE]     the sessions-per-GPU search of workload W on unseen scripts (DuplexCadence, tail only,
@@ -26,6 +27,8 @@ mkdir -p $W; cd $R
 . .gpu/env.sh
 cp "$0" .gpu/env.sh $W/ 2>/dev/null; echo "$*" > $W/steps.txt
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $W/gpu.txt 2>&1
+# the asv machine: the card this sitting got (an H100 and an H200 keep separate histories)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -o 'H[0-9][0-9]*' | head -1 | tr H h); GPU=${GPU:-gpu}
 WHEELS=.whl make setup > $W/setup.log 2>&1 || { log "setup failed"; touch $W/done; exit 1; }
 case " $* " in *" verify"*|*" reproduce"*)
   .venv/bin/python -m pip install -q --no-index --find-links .whl-ray --find-links .whl --no-build-isolation \
@@ -48,9 +51,9 @@ for step in "$@"; do
       WHEELS=.whl timeout $(( ${b:-1500} + 300 )) make reproduce RAY=1 ARGS="--ray local --device cuda --resume \
         --run-dir $W/$RUN ${pats:+--stages '$pats'} ${b:+--budget-s $b}" > $W/reproduce-$RUN.log 2>&1 ;;
     asv)
-      GIT_DIR=$R/.gpu/shallow.git WHEELS=.whl timeout 400 make asv ASV_MACHINE=h200 \
+      GIT_DIR=$R/.gpu/shallow.git WHEELS=.whl timeout 400 make asv ASV_MACHINE=$GPU \
         ARGS="--bench \"time_steady_unit\(.*'cuda'\)\" --show-stderr" > $W/asv.log 2>&1
-      rc=$?; mkdir -p $W/asv; cp -r results/asv/results/h200 results/asv/results/benchmarks.json $W/asv/ 2>/dev/null
+      rc=$?; mkdir -p $W/asv; cp -r results/asv/results/$GPU results/asv/results/benchmarks.json $W/asv/ 2>/dev/null
       (exit $rc) ;;
     stress:*)
       PYTHONPATH=$R/impl:$R timeout $(( ${step#stress:} + 600 )) .venv/bin/python -m suite.measure.stress \
