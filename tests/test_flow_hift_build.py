@@ -167,6 +167,27 @@ def test_a_voice_prompt_of_non_finite_samples_is_refused_before_a_build(tmp_path
             fh.build_model({"variant": variant, "voice_prompt": str(voice), "checkpoint": checkpoint}, depth="reduced")
 
 
+@pytest.mark.parametrize("variant", ["minicpmo45", "stepaudio2"])
+def test_a_voice_prompt_too_loud_for_a_finite_mel_is_refused_before_a_build(tmp_path, variant):
+    import soundfile as sf
+    from duplexcadence.adapters import flow_hift as fh
+    audio = np.sin(np.arange(24000, dtype=np.float32) / 7) * np.float32(1e30)    # finite, far outside [-1, 1]
+    voice = tmp_path / "loud.wav"
+    sf.write(voice, audio, 24000, subtype="FLOAT")
+    with pytest.raises(InputError, match=rf"^voice_prompt: {re.escape(str(voice))} gives a non-finite mel "
+                                         r"spectrogram \(samples up to 1e\+30; expected audio in \[-1, 1\]\)"):
+        fh.build_model({"variant": variant, "voice_prompt": str(voice)}, depth="reduced")
+
+
+def test_prompt_seconds_past_the_wav_keeps_the_whole_wav_even_past_a_float_sample_count():
+    from duplexcadence.adapters.flow_hift import build
+    whole = build.prepare_prompt(VOICE, seconds=None)
+    for seconds in (1e6, 1e305):
+        cut = build.prepare_prompt(VOICE, seconds=seconds)
+        assert torch.equal(cut.mel, whole.mel) and torch.equal(cut.tokens, whole.tokens)
+    assert build.prepare_prompt(VOICE, seconds=2.0).mel_frames < whole.mel_frames
+
+
 def test_a_voice_prompt_that_is_not_a_regular_file_says_so(tmp_path):
     from duplexcadence.runtime import open_model
     fifo = tmp_path / "voice.fifo"

@@ -201,7 +201,7 @@ def test_options_and_a_closed_session_are_clear_errors(model):
     with fh.new_session(model, "cadence", {"capture": "inline"}) as inline:    # speak may capture: not concurrent
         assert inline.capabilities.concurrent is False and fh.CadenceSession.capabilities.concurrent is True
     s = fh.new_session(model, "cadence")
-    with pytest.raises(InputError, match="^signatures: expected Signature"):
+    with pytest.raises(InputError, match=r"^signatures\[0\]: expected a Signature"):
         s.prepare([("flow", 28)])
     s.close()
     s.close()                                          # a second close does nothing

@@ -75,7 +75,7 @@ def test_prepare_names_signatures_and_a_closed_session_is_refused(models, name, 
     session = models[name].session(mode)
     try:
         for bad in (5, [5], "window", [None]):
-            with pytest.raises(InputError, match="^signatures: expected"):
+            with pytest.raises(InputError, match=r"^signatures(\[0\])?: expected"):
                 session.prepare(bad)
     finally:
         session.close()
@@ -112,15 +112,30 @@ def test_a_flow_cadence_prepares_every_signature_its_clocks_give_and_refuses_oth
         bad = [Signature(flow.step, 3), flow._replace(size=10**9), flow._replace(size=0),
                flow._replace(lengths=((length, -1),) + flow.lengths[1:]), flow._replace(step="window"),
                flow._replace(exact=flow.exact + (("zz", 1),)), second._replace(size=1.5),
+               flow._replace(lengths=((length, 0),) + flow.lengths[1:]),       # shorter than the voice's P frames
                second._replace(exact=tuple((k, "x") for k, _ in second.exact))]
         bad.append(flow._replace(exact=(("last_chunk", "no"),)) if name == "minicpmo45"
                    else flow._replace(exact=(("n_timesteps", 3),)))
         state = session.clocks()
         for sig in bad:
-            with pytest.raises(InputError, match=r"^signatures: (expected Signatures of steps|.* is not a step of this "
+            with pytest.raises(InputError, match=r"^signatures(\[1\]: .* \(build Signatures with|: expected Signatures of steps|: .* is not a step of this "
                                                  r"session \(e\.g\. Signature)"):
                 session.prepare([real[0], sig])
         assert session.clocks() == state
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("name", ["moshi", "qwen3_omni"])
+@pytest.mark.parametrize("size", [1.5, True, 1.0, None, "x", [1]])
+def test_a_codec_cadence_refuses_a_signature_whose_size_is_not_an_int_and_nothing_moves(models, name, size):
+    session = models[name].session("cadence")
+    try:
+        session.start_turn()
+        good, state = session.signatures(12)[0], session.clocks()
+        with pytest.raises(InputError, match=r"^signatures\[1\]: size .*: expected an int >= 0"):
+            session.prepare([good, good._replace(size=size)])
+        assert session.clocks() == state and session.prepare([good])["captures"] == 0
     finally:
         session.close()
 

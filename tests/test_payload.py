@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from duplexcadence.errors import InputError, LimitError
-from duplexcadence.payload import check_codes, check_int, check_tokens, is_int, move_tail_, shift_left_
+from duplexcadence.clocks import Signature, signature
+from duplexcadence.payload import (MAX_SIGNATURES, SHOWN_CHARS, check_codes, check_int, check_signatures, check_tokens,
+                                  is_int, move_tail_, shift_left_, shown)
 
 VOCAB, MAX_TOKENS = 6561, 28
 N_Q, CARD, MAX_FRAMES = 8, 2048, 16
@@ -354,3 +356,78 @@ def test_check_codes_takes_an_integer_array_of_either_byte_order(dtype):
     ids = np.arange(2 * N_Q, dtype=dtype).reshape(N_Q, 2)
     out = check_codes(ids, n_q=N_Q, cardinality=CARD, max_frames=MAX_FRAMES)
     assert out.dtype == torch.int64 and out.tolist() == np.arange(2 * N_Q).reshape(N_Q, 2).tolist()
+
+
+class IndexLiar(np.int64):
+    """A numpy int whose __index__ and __int__ say something else than the value it stores."""
+    def __index__(self): return 5
+    def __int__(self): return 6
+
+
+def test_a_numpy_int_subclass_is_read_by_its_stored_value():
+    out = check_int("size", IndexLiar(12), low=0)
+    assert out == 12 and type(out) is int
+    assert check_tokens([IndexLiar(40)], vocab=VOCAB, max_count=MAX_TOKENS) == [40]
+
+
+class BadRepr:
+    def __repr__(self): raise RuntimeError("repr")
+
+
+def test_shown_never_raises_and_cuts_a_long_value():
+    assert shown(BadRepr()) == "<BadRepr>"
+    assert shown(Liar(3)) == "3"
+    long = shown(list(range(10_000)))
+    assert len(long) == SHOWN_CHARS and long.startswith("[0, 1, 2") and long.endswith("...")
+    with pytest.raises(InputError, match=r"^n: expected an int, got <BadRepr> \(BadRepr\)$"):
+        check_int("n", BadRepr())
+
+
+GOOD = signature("frame", 1, {"cache": 250}, batch=1)
+
+
+def test_check_signatures_returns_well_formed_signatures_as_a_list():
+    assert check_signatures(iter([GOOD, GOOD._replace(size=0)])) == [GOOD, GOOD._replace(size=0)]
+    assert check_signatures(()) == []
+
+
+@pytest.mark.parametrize("bad, message", [
+    (GOOD._replace(size=1.5), r"size 1\.5 \(float\): expected an int >= 0"),
+    (GOOD._replace(size=True), r"size True \(bool\): expected an int >= 0"),
+    (GOOD._replace(size=1.0), r"size 1\.0 \(float\): expected an int >= 0"),
+    (GOOD._replace(size=None), r"size None \(NoneType\): expected an int >= 0"),
+    (GOOD._replace(size="x"), r"size 'x' \(str\): expected an int >= 0"),
+    (GOOD._replace(size=[1]), r"size \[1\] \(list\): expected an int >= 0"),
+    (GOOD._replace(size=-1), r"size -1 \(int\): expected an int >= 0"),
+    (GOOD._replace(size=np.int64(1)), r"size 1 \(int64\): expected an int >= 0"),
+    (GOOD._replace(step=3), r"step 3: expected a str"),
+    (GOOD._replace(lengths=[("cache", 250)]), r"lengths: expected a tuple of \(name, value\) pairs, got list"),
+    (GOOD._replace(lengths=(("cache", 2.5),)), r"lengths\['cache'\]: expected an int >= 0, got 2\.5 \(float\)"),
+    (GOOD._replace(lengths=(("cache", -1),)), r"lengths\['cache'\]: expected an int >= 0, got -1 \(int\)"),
+    (GOOD._replace(lengths=((1, 250),)), r"lengths: expected \(name, value\) pairs, got \(1, 250\)"),
+    (GOOD._replace(exact=(("batch", [1]),)), r"exact\['batch'\]: expected a hashable value, got \[1\] \(list\)"),
+])
+def test_check_signatures_names_the_item_and_the_field_that_is_wrong(bad, message):
+    with pytest.raises(InputError, match=rf"^signatures\[1\]: {message} \(build Signatures with signatures\(\)"):
+        check_signatures([GOOD, bad])
+
+
+def test_check_signatures_refuses_what_is_not_an_iterable_of_signatures():
+    for bad in (GOOD, "frame", 5, None):
+        with pytest.raises(InputError, match=r"^signatures: expected an iterable of Signature"):
+            check_signatures(bad)
+    with pytest.raises(InputError, match=r"^signatures\[0\]: expected a Signature, got \('frame', 1\) \(tuple\)"):
+        check_signatures([("frame", 1)])
+
+
+def test_check_signatures_turns_a_raising_iterable_into_an_input_error_and_stops_an_endless_one():
+    def raising():
+        yield GOOD
+        raise RuntimeError("boom")
+    with pytest.raises(InputError, match=r"^signatures: iterating it raised RuntimeError: boom$"):
+        check_signatures(raising())
+    import itertools
+    endless = itertools.repeat(GOOD)
+    with pytest.raises(InputError, match=rf"^signatures: at most {MAX_SIGNATURES} per prepare\(\) call, got more$"):
+        check_signatures(endless)
+    assert len(check_signatures(itertools.repeat(GOOD, MAX_SIGNATURES))) == MAX_SIGNATURES

@@ -286,7 +286,7 @@ def test_prepare_takes_signatures_only_and_refuses_a_closed_session():
     s = _SlowSession()
     assert s.prepare([signature("decode", 1)]) == {k: 0 for k in SessionStats.COUNTERS}
     for bad in (5, "decode", signature("decode", 1), [5]):
-        with pytest.raises(InputError, match="signatures: expected"):
+        with pytest.raises(InputError, match=r"^signatures(\[0\])?: expected"):
             s.prepare(bad)
     s.close()
     with pytest.raises(ClosedError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Hashable, NamedTuple, Union
 
-from duplexcadence.errors import InputError, LimitError
+from duplexcadence.errors import LimitError
 
 
 class ClockError(LimitError):
@@ -188,19 +188,6 @@ class Signature(NamedTuple):
     def __repr__(self) -> str:
         parts = [f"{k}={v}" for k, v in self.lengths + self.exact]
         return f"Signature({self.step}, size={self.size}{', ' if parts else ''}{', '.join(parts)})"
-
-
-def check_signatures(signatures) -> list[Signature]:
-    """`prepare(signatures)`'s argument as a list: an iterable of Signature (from `signatures()` or `clocks()`).
-    Raises InputError naming `signatures` for anything else, before anything runs."""
-    if isinstance(signatures, (str, bytes, Signature)) or not hasattr(signatures, "__iter__"):
-        raise InputError(f"signatures: expected an iterable of Signature (from signatures() or clocks()), got "
-                         f"{type(signatures).__name__}")
-    out = list(signatures)
-    bad = [s for s in out if not isinstance(s, Signature)]
-    if bad:
-        raise InputError(f"signatures: expected Signature items, got {bad[0]!r} ({type(bad[0]).__name__})")
-    return out
 
 
 def signature(step: str, size: int, lengths: dict | None = None, **exact: Hashable) -> Signature:

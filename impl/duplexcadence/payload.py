@@ -10,9 +10,15 @@ import operator
 import numpy as np
 import torch
 
+from duplexcadence.clocks import Signature
 from duplexcadence.errors import InputError
 
 _NOT_A_SEQUENCE = (str, bytes, bytearray, memoryview, set, frozenset, dict)
+#: The most signatures one prepare() call takes: far more than any session's graph set holds (an endless
+#: iterable stops here).
+MAX_SIGNATURES = 1 << 16
+#: The most characters of a caller's value an error message quotes.
+SHOWN_CHARS = 200
 #: The tensor dtypes a payload of ids may come in (quantized, float, complex and bool tensors are refused).
 INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
               torch.uint64)
@@ -25,14 +31,16 @@ def is_int(x) -> bool:
 
 def as_int(x):
     """`x` as a plain int if it is one (is_int), read once: an int subclass's own value (its overridden
-    comparisons, __int__ and __index__ are never called), a numpy int's value; else None."""
+    comparisons, __int__ and __index__ are never called), a numpy int's stored value (a subclass's too);
+    else None."""
     if not is_int(x):
         return None
     if isinstance(x, int):
         return int.__int__(x)
+    base = next(t for t in type(x).__mro__ if t.__module__ == "numpy")     # np.int64 under any subclass
     try:
-        return operator.index(x)
-    except Exception:                               # a numpy int subclass whose __index__ raises
+        return operator.index(base(x))              # the stored value: a subclass's __index__ is never called
+    except Exception:
         return None
 
 
@@ -43,19 +51,23 @@ def check_int(name: str, x, *, low: int | None = None, high: int | None = None, 
     if v is None or (low is not None and v < low) or (high is not None and v > high):
         bounds = f" in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
         raise error(f"{name}: expected an int{bounds if low is not None or high is not None else ''}, "
-                    f"got {_shown(x)} ({type(x).__name__})")
+                    f"got {shown(x)} ({type(x).__name__})")
     return v
 
 
-def _shown(x) -> str:
-    """The caller's value for an error message: an int's own value, else repr(x) (whatever its __repr__ does)."""
+def shown(x) -> str:
+    """A caller's value for an error message: an int's own value, else repr(x) cut at SHOWN_CHARS characters
+    (`<type>` where its __repr__ raises): quoting a caller's object never raises and never floods a message."""
     v = as_int(x)
     if v is not None:
         return repr(v)
     try:
-        return repr(x)
+        text = repr(x)
     except Exception:
         return f"<{type(x).__name__}>"
+    if not isinstance(text, str):
+        return f"<{type(x).__name__}>"
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
 
 def _stored(seq: list | tuple) -> list:
@@ -79,6 +91,53 @@ def _items(name: str, values, limit: int) -> list:
     return out
 
 
+def check_signatures(signatures) -> list[Signature]:
+    """`prepare(signatures)`'s argument as a list: an iterable of at most MAX_SIGNATURES Signatures (from
+    `signatures()` or `clocks()`), each well formed: `step` a str, `size` a plain int >= 0, `lengths` a tuple of
+    (str, int >= 0) pairs, `exact` a tuple of (str, hashable) pairs. Raises InputError naming `signatures` for
+    anything else (an exception the iterable raises included), before anything runs; whether a well-formed
+    Signature is a step of the session is the session's check."""
+    if isinstance(signatures, (str, bytes, Signature)) or not hasattr(signatures, "__iter__"):
+        raise InputError(f"signatures: expected an iterable of Signature (from signatures() or clocks()), got "
+                         f"{type(signatures).__name__}")
+    out = _items("signatures", signatures, MAX_SIGNATURES)
+    if len(out) > MAX_SIGNATURES:
+        raise InputError(f"signatures: at most {MAX_SIGNATURES} per prepare() call, got more")
+    for i, sig in enumerate(out):
+        if not isinstance(sig, Signature):
+            raise InputError(f"signatures[{i}]: expected a Signature, got {shown(sig)} ({type(sig).__name__})")
+        fields = tuple.__iter__(sig)                    # stored values, past any override of the named fields
+        step, size, lengths, exact = fields
+        problem = (None if type(step) is str else f"step {shown(step)}: expected a str")
+        problem = problem or (None if type(size) is int and size >= 0 else
+                              f"size {shown(size)} ({type(size).__name__}): expected an int >= 0")
+        problem = problem or _pairs_problem("lengths", lengths, lambda v: type(v) is int and v >= 0, "an int >= 0")
+        problem = problem or _pairs_problem("exact", exact, _hashable, "a hashable value")
+        if problem:
+            raise InputError(f"signatures[{i}]: {problem} (build Signatures with signatures() or clocks())")
+    return out
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except Exception:
+        return False
+    return True
+
+
+def _pairs_problem(name: str, pairs, ok, want: str) -> str | None:
+    """What is wrong with a Signature's `lengths` / `exact` field (a tuple of (str, value) pairs), or None."""
+    if type(pairs) is not tuple:
+        return f"{name}: expected a tuple of (name, value) pairs, got {type(pairs).__name__}"
+    for pair in tuple.__iter__(pairs):
+        if type(pair) is not tuple or len(pair) != 2 or type(pair[0]) is not str:
+            return f"{name}: expected (name, value) pairs, got {shown(pair)}"
+        if not ok(pair[1]):
+            return f"{name}[{pair[0]!r}]: expected {want}, got {shown(pair[1])} ({type(pair[1]).__name__})"
+    return None
+
+
 def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") -> list[int]:
     """Speech token ids: a sequence of at most `max_count` ints in [0, vocab), or a 1-D integer CPU torch
     tensor of them (as frame payloads take tensors). Returns them as a list."""
@@ -99,7 +158,7 @@ def check_tokens(tokens, *, vocab: int, max_count: int, name: str = "tokens") ->
     for i, t in enumerate(items):
         v = as_int(t)                            # read once: the id checked is the id used
         if v is None:
-            raise InputError(f"{name}[{i}]: expected an int token id, got {_shown(t)} ({type(t).__name__})")
+            raise InputError(f"{name}[{i}]: expected an int token id, got {shown(t)} ({type(t).__name__})")
         if not 0 <= v < vocab:
             raise InputError(f"{name}[{i}]: token id {v} outside [0, {vocab})")
         out.append(v)
@@ -155,7 +214,7 @@ def check_codes(codes, *, n_q: int, cardinality: int, max_frames: int | None, na
             for f, c in enumerate(_stored(row)):
                 v = as_int(c)                           # read once: the id checked is the id used
                 if v is None:
-                    raise InputError(f"{name}[{q}][{f}]: expected an int code id, got {_shown(c)} ({type(c).__name__})")
+                    raise InputError(f"{name}[{q}][{f}]: expected an int code id, got {shown(c)} ({type(c).__name__})")
                 if not 0 <= v < cardinality:
                     raise InputError(f"{name}[{q}][{f}]: code id {v} outside [0, {cardinality})")
                 matrix[q].append(v)

@@ -24,9 +24,9 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from duplexcadence.clocks import Signature, check_signatures
+from duplexcadence.clocks import Signature
 from duplexcadence.errors import ClosedError, ConcurrencyError, InputError, LimitError
-from duplexcadence.payload import check_int
+from duplexcadence.payload import check_int, check_signatures, shown
 
 TURN_STATES = ("reset", "carried", "stream")
 PAYLOADS = ("tokens", "frames")
@@ -304,5 +304,5 @@ def check_final(final) -> bool:
     """speak()'s `final` flag: a bool (numpy bool too). Raises InputError naming it (a string such as "no"
     would otherwise end the turn)."""
     if not isinstance(final, (bool, np.bool_)):
-        raise InputError(f"final: expected a bool, got {final!r} ({type(final).__name__})")
+        raise InputError(f"final: expected a bool, got {shown(final)} ({type(final).__name__})")
     return bool(final)

@@ -32,6 +32,7 @@ from duplexcadence.adapters.code2wav.stock import CAPABILITIES, parse_codes
 from duplexcadence.arena import Arena
 from duplexcadence.errors import InputError
 from duplexcadence.graphs import GraphCache, WarmSet
+from duplexcadence.payload import check_signatures
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, Session, SessionStats, check_final, host_waveform, unit_output
 
@@ -165,7 +166,7 @@ class CadenceSession(Session):
         session's schedule cannot run."""
         self.check_open("prepare")
         before = self.stats()
-        sigs = self._clock.turn_signatures() if signatures is None else sorted(set(clocks.check_signatures(signatures)))
+        sigs = self._clock.turn_signatures() if signatures is None else sorted(set(check_signatures(signatures)))
         for sig in sigs:
             ctx = sig.get("context")
             if (sig.step != "window" or not isinstance(ctx, int) or not 0 <= ctx <= self._clock.left_context

@@ -331,7 +331,7 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
     are unavailable, so the n = floor(16 kHz samples / 640) tokens and the 192-d speaker embedding are drawn
     from a generator seeded by the sha256 of the samples. seconds: keep the first `seconds` (None: all).
     Raises MissingFileError / InputError naming the file (missing, not a regular file, unreadable, not 24 kHz,
-    < 0.4 s, a NaN or infinite sample)
+    < 0.4 s, a NaN or infinite sample, samples so large that the mel is not finite)
     and InputError for `seconds` that is not None or a finite number > 0."""
     import soundfile as sf
 
@@ -353,7 +353,7 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
     if rate != facts.SAMPLE_RATE:
         raise InputError(f"voice_prompt: {wav_path} is {rate} Hz, expected {facts.SAMPLE_RATE} Hz")
     audio = audio.mean(axis=1)
-    if seconds is not None:
+    if seconds is not None and seconds * facts.SAMPLE_RATE < len(audio):      # a longer cut keeps the whole WAV
         audio = audio[: int(round(seconds * facts.SAMPLE_RATE))]
     if not np.isfinite(audio).all():
         raise InputError(f"voice_prompt: {wav_path} holds non-finite samples (NaN or inf) in the part used")
@@ -365,6 +365,9 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
 
     mel = mel_spectrogram(torch.from_numpy(np.ascontiguousarray(audio)).unsqueeze(0)).transpose(1, 2)
     mel = torch.nn.functional.pad(mel, (0, 0, 0, 2 * n_tokens - mel.shape[1]), mode="replicate")
+    if not bool(torch.isfinite(mel).all()):
+        raise InputError(f"voice_prompt: {wav_path} gives a non-finite mel spectrogram (samples up to "
+                         f"{float(np.abs(audio).max()):.3g}; expected audio in [-1, 1])")
     digest = hashlib.sha256(audio.tobytes()).hexdigest()
     gen = torch.Generator().manual_seed(int(digest[:15], 16))
     tokens = torch.randint(0, facts.VOCAB_SIZE, (1, n_tokens), generator=gen, dtype=torch.int64).to(torch.int32)

@@ -16,12 +16,12 @@ import math
 
 import torch
 
-from duplexcadence import bind, clocks, gate
+from duplexcadence import bind, gate
 from duplexcadence.arena import Arena
-from duplexcadence.clocks import KeepAll, Signature
+from duplexcadence.clocks import Fixed, KeepAll, Signature
 from duplexcadence.errors import InputError
 from duplexcadence.graphs import GraphCache, WarmSet
-from duplexcadence.payload import move_tail_
+from duplexcadence.payload import check_signatures, move_tail_
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import SessionStats
 
@@ -216,7 +216,7 @@ class CadenceBase(TokenSession):
         InputError for anything but Signatures of this session's steps."""
         self.check_open("prepare")
         steady, graphs = self.steady(), self.graphs
-        sigs = steady if signatures is None else clocks.check_signatures(signatures)
+        sigs = steady if signatures is None else check_signatures(signatures)
         for sig in sigs:
             self.check_step(sig, steady)
         before = {k: getattr(graphs.stats, k) for k in SessionStats.COUNTERS}
@@ -241,17 +241,20 @@ class CadenceBase(TokenSession):
     def check_step(self, sig: Signature, steady: list) -> None:
         """Refuse a Signature no step of this session can have (InputError naming `signatures`, before anything
         runs): a step it does not run; other region or exact names than its clocks give that step (`steady`
-        holds one of each); a size outside the step's range or a length that is not an int in [0, its bound]
-        (`step_bounds()`, the regions' declared bounds); an exact value of another kind than the clocks give
+        holds one of each); a size outside the step's range or a length that is not an int in [least, bound]
+        (`step_bounds()`, the regions' declared bounds; least: a Fixed region's length, else the length a turn
+        starts from, such as the voice's P mel frames); an exact value of another kind than the clocks give
         (a bool, an int, a tuple of ints, or None where they give a tuple)."""
         like = next((s for s in steady if s.step == sig.step), None)
         if sig.step not in self.steps or like is None:
             raise InputError(f"signatures: expected Signatures of steps {self.steps}, got {sig!r}")
         bound = {**{k: spec.policy.bound() for k, spec in self.specs.items()}, **self.step_bounds()}
+        least = {k: spec.policy.length if isinstance(spec.policy, Fixed) else spec.initial
+                 for k, spec in self.specs.items()}
         ok = ([k for k, _ in sig.lengths] == [k for k, _ in like.lengths]
               and [k for k, _ in sig.exact] == [k for k, _ in like.exact]
               and _whole(sig.size) and sig.size in bound[sig.step]
-              and all(_whole(v, bound.get(k)) for k, v in sig.lengths)
+              and all(_whole(v, bound.get(k)) and v >= least.get(k, 0) for k, v in sig.lengths)
               and all(_same_kind(v, w) for (_, v), (_, w) in zip(sig.exact, like.exact))
               and sig.get("n_timesteps", self.n_steps) == self.n_steps)
         if not ok:

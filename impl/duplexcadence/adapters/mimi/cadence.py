@@ -21,7 +21,7 @@ import types
 
 import torch
 
-from duplexcadence import clocks, gate, graphs
+from duplexcadence import gate, graphs
 from duplexcadence.adapters.mimi.schedule import (
     BATCH, N_Q, POSITIONS_PER_FRAME, SAMPLES_PER_FRAME, UNIT, UNIT_SIZES, MimiClock, declare_regions, ring_rows)
 from duplexcadence.adapters.mimi.stock import CAPABILITIES, MimiSession, StreamStates
@@ -29,6 +29,7 @@ from duplexcadence.arena import Arena
 from duplexcadence.clocks import Ring
 from duplexcadence.errors import InputError
 from duplexcadence.graphs import GraphCache, WarmSet
+from duplexcadence.payload import check_signatures
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, SessionStats, host_waveform, unit_output
 
@@ -146,7 +147,7 @@ class CadenceSession(MimiSession):
         self.check_open("prepare")
         before, want = self.stats(), self.clock.copy().unit(1)[0]
         sigs = sorted({s for n in UNIT_SIZES for s in self.clock.copy().unit(n)} if signatures is None
-                      else set(clocks.check_signatures(signatures)))
+                      else set(check_signatures(signatures)))
         for sig in sigs:
             if sig._replace(size=1) != want or not 1 <= sig.size <= UNIT.policy.bound():
                 raise InputError(f"signatures: {sig!r} is not a step of this session (e.g. {want!r})")
