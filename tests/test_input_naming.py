@@ -369,3 +369,24 @@ def test_clocks_compare_by_value_and_a_refused_unit_leaves_them_equal(models, na
             hash(before)
     finally:
         session.close()
+
+
+class BadRepr:
+    """A caller's object whose __repr__ raises: an error message quoting it must still be the InputError."""
+    def __repr__(self):
+        raise RuntimeError("repr")
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda m: runtime.open_model(BadRepr()), "name"),
+    (lambda m: runtime.open_model("moshi", device=BadRepr(), depth="reduced"), "device"),
+    (lambda m: m["moshi"].session(BadRepr()), "mode"),
+    (lambda m: m["qwen3_omni"].session(BadRepr()), "mode"),
+    (lambda m: m["minicpmo45"].session("cadence", capture=BadRepr()), "capture"),
+    (lambda m: m["minicpmo45"].session("cadence", noise=BadRepr()), "noise"),
+    (lambda m: m["stepaudio2_mini"].session("cadence", graphs=BadRepr()), "graphs"),
+    (lambda m: m["moshi"].session("cadence", arena_backend=BadRepr()), "arena_backend"),
+])
+def test_an_argument_whose_repr_raises_is_still_named_in_an_input_error(models, call, name):
+    with pytest.raises(InputError, match=rf"^(spec\['{name}'\]|{name}): expected .*got <BadRepr>"):
+        call(models)

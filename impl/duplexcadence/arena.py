@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from duplexcadence.errors import InputError
+from duplexcadence.payload import shown
 
 ALIGN = 256          # bytes: every region starts on a 256-byte boundary (cudaMalloc's alignment)
 
@@ -79,7 +80,7 @@ class Arena:
             backend = "cpu" if self.device.type == "cpu" else ("vmm" if _vmm_supported(self.device)
                                                               else "prealloc")
         if backend not in ("cpu", "prealloc", "vmm"):
-            raise InputError(f"arena_backend: expected 'auto', 'cpu', 'prealloc' or 'vmm', got {backend!r}")
+            raise InputError(f"arena_backend: expected 'auto', 'cpu', 'prealloc' or 'vmm', got {shown(backend)}")
         if (backend == "cpu") != (self.device.type == "cpu"):
             raise InputError(f"arena_backend: {backend!r} does not match device {self.device} ('cpu' is for the "
                              f"CPU, 'prealloc' and 'vmm' for CUDA)")

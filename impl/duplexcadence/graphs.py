@@ -45,6 +45,7 @@ import torch
 
 from duplexcadence import gate
 from duplexcadence.errors import InputError
+from duplexcadence.payload import shown
 
 
 class StreamLeases:
@@ -200,7 +201,7 @@ def check_options(graphs, strict=False) -> None:
     for name, value in (("graphs", graphs), ("strict", strict)):
         if not (isinstance(value, bool) or (value is None and name == "graphs")):
             raise InputError(f"spec[{name!r}]: expected {'None (graphs on CUDA), ' if name == 'graphs' else ''}"
-                             f"True or False, got {value!r} ({type(value).__name__})")
+                             f"True or False, got {shown(value)} ({type(value).__name__})")
 
 
 class GraphCache:

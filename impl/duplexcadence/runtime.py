@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from duplexcadence.errors import InputError, MissingFileError
-from duplexcadence.payload import check_int
+from duplexcadence.payload import check_int, shown
 from duplexcadence.gate import OuterLock
 from duplexcadence.session import UnitOutput
 
@@ -91,7 +91,7 @@ def check_device(device) -> torch.device:
     except (RuntimeError, TypeError):
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
-        raise InputError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        raise InputError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {shown(device)}")
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (dev.index or 0) >= count:
@@ -111,7 +111,7 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
     option that names nothing there; the adapter's CheckpointError for a checkpoint not in the released
     layout. All of these before anything is built."""
     if not isinstance(name, str) or name not in MODELS:
-        raise InputError(f"name: expected one of {sorted(MODELS)}, got {name!r}")
+        raise InputError(f"name: expected one of {sorted(MODELS)}, got {shown(name)}")
     entry = MODELS[name]
     missing = [k for k in entry.needs if spec.get(k) is None]
     if missing:
@@ -125,7 +125,7 @@ def open_model(name: str, *, device="cpu", depth: str = "released", seed: int = 
                          f"{name} (expected some of {list(mod.MODEL_OPTIONS)})")
     for key in ("voice_prompt", "checkpoint"):
         if spec.get(key) is not None and not isinstance(spec[key], (str, os.PathLike)):
-            raise InputError(f"{key}: expected a path (str or os.PathLike), got {spec[key]!r} "
+            raise InputError(f"{key}: expected a path (str or os.PathLike), got {shown(spec[key])} "
                              f"({type(spec[key]).__name__})")
         if spec.get(key) is not None and not os.path.exists(spec[key]):
             raise MissingFileError(f"{key}: {os.fspath(spec[key])} does not exist")

@@ -8,7 +8,7 @@ import numpy as np
 from duplexcadence.adapters import flow_hift as adapter
 from duplexcadence.dropin.checks import check_options
 from duplexcadence.errors import InputError
-from duplexcadence.payload import check_tokens
+from duplexcadence.payload import check_tokens, shown
 
 LOW, HIGH = adapter.facts.MIN_CALL_TOKENS, adapter.facts.CALL_TOKENS
 
@@ -46,7 +46,7 @@ class Token2wav:
         (module docstring) or bad ids, before anything changes."""
         self._voice(prompt_wav)
         if not isinstance(last_chunk, (bool, np.bool_)):
-            raise InputError(f"last_chunk: expected a bool, got {last_chunk!r} ({type(last_chunk).__name__})")
+            raise InputError(f"last_chunk: expected a bool, got {shown(last_chunk)} ({type(last_chunk).__name__})")
         tokens = check_tokens(generated_speech_tokens, vocab=adapter.facts.VOCAB_SIZE, max_count=HIGH,
                               name="generated_speech_tokens")
         carried = self.session.buffer

@@ -18,6 +18,7 @@ from duplexcadence.errors import CheckpointError, InputError, MissingFileError, 
 from duplexcadence.adapters.code2wav.cadence import CadenceSession
 from duplexcadence.adapters.code2wav.schedule import LEFT_CONTEXT, NUM_QUANTIZERS, WHOLE_CHUNK
 from duplexcadence.adapters.code2wav.stock import StockSession
+from duplexcadence.payload import shown
 from duplexcadence.session import host_waveform
 
 MODES = ("stock", "cadence", "cadence_seamless")
@@ -34,7 +35,7 @@ CHECKPOINT_PREFIX = "code2wav."   # the released checkpoint's names (vllm-omni h
 def code2wav_config(depth: str = "released"):
     """`Qwen3OmniMoeCode2WavConfig` at the released defaults (configuration L515-560) or reduced depth."""
     if depth not in ("released", "reduced"):
-        raise InputError(f"depth: expected 'released' or 'reduced', got {depth!r}")
+        raise InputError(f"depth: expected 'released' or 'reduced', got {shown(depth)}")
     cfg, _ = upstream.qwen3_omni()
     return cfg.Qwen3OmniMoeCode2WavConfig(**(RELEASED if depth == "released" else REDUCED))
 
@@ -83,7 +84,7 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     name = spec.get("dtype", "bfloat16")
     name = str(name).replace("torch.", "") if isinstance(name, torch.dtype) else name
     if not isinstance(name, str) or name not in DTYPES:
-        raise InputError(f"spec['dtype']: expected one of {sorted(DTYPES)}, got {name!r}")
+        raise InputError(f"spec['dtype']: expected one of {sorted(DTYPES)}, got {shown(name)}")
     model_cls = upstream.qwen3_omni()[1].Qwen3OmniMoeCode2Wav
     checkpoint = spec.get("checkpoint")
     if checkpoint is None:
@@ -122,7 +123,7 @@ def state_manifest(model) -> dict:
 def session_options(model, mode: str) -> tuple:
     """The options a session of `mode` takes (new_session's spec keys). Raises InputError for an unknown mode."""
     if mode not in MODES:
-        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {shown(mode)}")
     return ("left_context", "initial_frames") + (("capture", "graphs", "arena_backend") if mode != "stock" else ())
 
 
@@ -134,7 +135,7 @@ def new_session(model, mode: str, spec: dict | None = None):
         return StockSession(model, spec)
     if mode in ("cadence", "cadence_seamless"):
         return CadenceSession(model, spec, seamless=mode == "cadence_seamless")
-    raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
+    raise InputError(f"mode: expected one of {MODES}, got {shown(mode)}")
 
 
 def whole_utterance(model, codes: torch.Tensor) -> np.ndarray:

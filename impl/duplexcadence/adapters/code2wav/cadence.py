@@ -32,7 +32,7 @@ from duplexcadence.adapters.code2wav.stock import CAPABILITIES, parse_codes
 from duplexcadence.arena import Arena
 from duplexcadence.errors import InputError
 from duplexcadence.graphs import GraphCache, WarmSet
-from duplexcadence.payload import check_signatures
+from duplexcadence.payload import check_signatures, shown
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, Session, SessionStats, check_final, host_waveform, unit_output
 
@@ -81,7 +81,7 @@ class CadenceSession(Session):
         spec = spec or {}
         graphs.check_options(spec.get("graphs"))
         if spec.get("capture", "ahead") not in ("ahead", "inline"):
-            raise InputError(f"spec['capture']: expected 'ahead' or 'inline', got {spec['capture']!r}")
+            raise InputError(f"spec['capture']: expected 'ahead' or 'inline', got {shown(spec['capture'])}")
         self.model, self.device = model, next(model.parameters()).device
         self._clock = Turn(spec, seamless, max_frames=model.config.max_position_embeddings)
         c, most = self._clock.left_context, UNIT.policy.bound()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from duplexcadence import rng
 from duplexcadence.errors import InputError
+from duplexcadence.payload import shown
 from duplexcadence.runtime import use_expandable_segments
 
 from duplexcadence.adapters.flow_hift import build, facts
@@ -37,9 +38,9 @@ def build_model(spec: dict, *, device="cpu", depth: str = "released", seed: int 
     read and checked before the model is built), MissingFileError, CheckpointError."""
     variant = dict(spec).get("variant") or "minicpmo45"
     if variant not in facts.VARIANTS:
-        raise InputError(f"spec['variant']: expected one of {facts.VARIANTS}, got {variant!r}")
+        raise InputError(f"spec['variant']: expected one of {facts.VARIANTS}, got {shown(variant)}")
     if depth not in ("released", "reduced"):
-        raise InputError(f"depth: expected 'released' or 'reduced', got {depth!r}")
+        raise InputError(f"depth: expected 'released' or 'reduced', got {shown(depth)}")
     if spec.get("voice_prompt") is None:
         raise InputError("spec['voice_prompt']: required: the path of a 24 kHz WAV of the voice to speak in")
     steps = build.check_steps(spec.get("n_timesteps", 10))
@@ -61,7 +62,7 @@ def session_options(model: Model, mode: str) -> tuple:
     """The options a session of `mode` takes at the top level of new_session's spec (OPTIONS). Raises
     InputError for an unknown mode."""
     if mode not in MODES:
-        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {shown(mode)}")
     return OPTIONS.get((model.variant, mode), ())
 
 
@@ -70,7 +71,7 @@ def new_session(model: Model, mode: str, spec: dict | None = None):
     at the top level (runtime.OpenModel.session; other top-level keys are the model's). Raises InputError for an
     unknown mode or option, ClockError for a voice past a stock table, ConcurrencyError (stock.py)."""
     if mode not in MODES:
-        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {shown(mode)}")
     spec, names = dict(spec or {}), OPTIONS.get((model.variant, mode), ())
     nested = spec.get("cadence", {}) if mode == "cadence" else {}
     unknown = sorted(set(nested) - set(names))
@@ -85,7 +86,7 @@ def for_mode(model: Model, mode: str) -> dict:
     sessions are refused afterwards) and, for Step-Audio 2, turns on the CUDA allocator's expandable segments (its
     encoder runs eagerly on a length that grows every unit). Returns what was done, for the record."""
     if mode not in MODES:
-        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {shown(mode)}")
     if mode != "cadence":
         return {}
     done = {"stock_buffers_released_bytes": build.release_stock_buffers(model.t2w)}

@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from duplexcadence import gate, upstream
 from duplexcadence.errors import CheckpointError, InputError, MissingFileError, one_line
-from duplexcadence.payload import as_int
+from duplexcadence.payload import as_int, shown
 from duplexcadence.runtime import model_state
 
 import duplexcadence.adapters.flow_hift.facts as facts
@@ -114,7 +114,7 @@ def check_steps(n_timesteps) -> int:
     steps = as_int(n_timesteps)
     if steps is None or not 1 <= steps <= 16:
         raise InputError(f"n_timesteps: expected an int in [1, 16] (the stock DiT buffers hold 16 steps), "
-                         f"got {n_timesteps!r}")
+                         f"got {shown(n_timesteps)}")
     return steps
 
 
@@ -338,7 +338,7 @@ def prepare_prompt(wav_path, *, seconds: float | None = 6.0, device="cpu") -> Pr
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real)
                                 or not math.isfinite(seconds) or seconds <= 0):
         raise InputError(f"spec['prompt_seconds']: expected None (the whole WAV) or a finite number of seconds > 0, "
-                         f"got {seconds!r} ({type(seconds).__name__})")
+                         f"got {shown(seconds)} ({type(seconds).__name__})")
     wav_path = Path(wav_path)
     if wav_path.is_dir():
         raise InputError(f"voice_prompt: {wav_path} is a directory, expected a 24 kHz WAV file")

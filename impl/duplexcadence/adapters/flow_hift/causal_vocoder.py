@@ -31,7 +31,7 @@ import torch
 
 from duplexcadence import bind
 from duplexcadence.errors import InputError
-from duplexcadence.payload import shift_left_
+from duplexcadence.payload import shift_left_, shown
 from duplexcadence.runtime import model_lock, model_state
 
 from duplexcadence.adapters.flow_hift.istft import StockIstft
@@ -58,7 +58,7 @@ class ArenaVocoder:
 
     def __init__(self, t2w, *, noise: str = "host"):
         if noise not in NOISE_MODES:
-            raise InputError(f"noise: expected one of {NOISE_MODES}, got {noise!r}")
+            raise InputError(f"noise: expected one of {NOISE_MODES}, got {shown(noise)}")
         self.t2w, self.bv, self.model, self.noise = t2w, t2w.bounded_vocoder, t2w.bounded_vocoder.model, noise
         self.device = torch.device(t2w.device)
         lim, self.hop, self.block = self.bv.limits, self.bv.hop, self.bv.block_frames

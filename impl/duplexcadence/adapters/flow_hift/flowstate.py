@@ -21,7 +21,7 @@ from duplexcadence.arena import Arena
 from duplexcadence.clocks import Fixed, KeepAll, Signature
 from duplexcadence.errors import InputError
 from duplexcadence.graphs import GraphCache, WarmSet
-from duplexcadence.payload import check_signatures, move_tail_
+from duplexcadence.payload import check_signatures, move_tail_, shown
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import SessionStats
 
@@ -170,7 +170,7 @@ class CadenceBase(TokenSession):
 
     def __init__(self, model, capture: str, arena_backend: str):
         if capture not in ("ahead", "inline"):
-            raise InputError(f"capture: expected 'ahead' or 'inline', got {capture!r}")
+            raise InputError(f"capture: expected 'ahead' or 'inline', got {shown(capture)}")
         self.inline = capture == "inline"
         if self.inline:
             self.capabilities = dataclasses.replace(self.capabilities, concurrent=False)
@@ -186,7 +186,7 @@ class CadenceBase(TokenSession):
         """Declare the flow regions (conformer last), allocate and map every bounded region (so no step maps memory,
         never inside a capture; a KeepAll region maps as it grows, in eager code), make the graph cache."""
         if graphs not in (None, True, False):
-            raise InputError(f"graphs: expected None (on CUDA), True or False, got {graphs!r}")
+            raise InputError(f"graphs: expected None (on CUDA), True or False, got {shown(graphs)}")
         self.flow = FlowState(self.t2w, self.arena, self.specs, self.n_steps)
         self.arena.allocate()
         for name, region in self.arena.regions.items():

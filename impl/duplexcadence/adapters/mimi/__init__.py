@@ -19,6 +19,7 @@ from duplexcadence.errors import CheckpointError, InputError, MissingFileError, 
 from duplexcadence.adapters.mimi.cadence import OPTIONS as CADENCE_OPTIONS, CadenceSession
 from duplexcadence.adapters.mimi.schedule import N_Q
 from duplexcadence.adapters.mimi.stock import StockGraphsSession, StockSession
+from duplexcadence.payload import shown
 
 MODES = ("stock", "stock_graphs", "cadence")
 #: The build options open_model passes on (build_model's spec keys a caller may give).
@@ -32,7 +33,7 @@ REDUCED = {"transformer": {"num_layers": 2}, "seanet": {"n_filters": 16}, "quant
 def mimi_config(depth: str) -> dict:
     """moshi's released Mimi config (loaders._mimi_config, L28-88), or the reduced one (`REDUCED`)."""
     if depth not in DEPTHS:
-        raise InputError(f"depth: expected one of {DEPTHS}, got {depth!r}")
+        raise InputError(f"depth: expected one of {DEPTHS}, got {shown(depth)}")
     loaders, _ = upstream.moshi()
     cfg = copy.deepcopy(loaders._mimi_config)
     for section, overrides in (REDUCED.items() if depth == "reduced" else ()):
@@ -115,7 +116,7 @@ def state_manifest(model: nn.Module) -> dict:
 def session_options(model, mode: str) -> tuple:
     """The options a session of `mode` takes (new_session's spec keys). Raises InputError for an unknown mode."""
     if mode not in MODES:
-        raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(f"mode: expected one of {MODES}, got {shown(mode)}")
     return (*CADENCE_OPTIONS, "arena_backend", "graphs") if mode == "cadence" else ()
 
 
@@ -127,4 +128,4 @@ def new_session(model, mode: str, spec: dict | None = None):
         return StockSession(model) if mode == "stock" else StockGraphsSession(model)
     if mode == "cadence":
         return CadenceSession(model, spec)
-    raise InputError(f"mode: expected one of {MODES}, got {mode!r}")
+    raise InputError(f"mode: expected one of {MODES}, got {shown(mode)}")

@@ -29,7 +29,7 @@ from duplexcadence.arena import Arena
 from duplexcadence.clocks import Ring
 from duplexcadence.errors import InputError
 from duplexcadence.graphs import GraphCache, WarmSet
-from duplexcadence.payload import check_signatures
+from duplexcadence.payload import check_signatures, shown
 from duplexcadence.runtime import model_lock, model_state
 from duplexcadence.session import Capabilities, SessionStats, host_waveform, unit_output
 
@@ -68,7 +68,7 @@ class CadenceSession(MimiSession):
         graphs.check_options(spec.get("graphs"))
         for key, allowed in OPTIONS.items():
             if spec.get(key, allowed[0]) not in allowed:
-                raise InputError(f"spec[{key!r}]: expected one of {allowed}, got {spec[key]!r}")
+                raise InputError(f"spec[{key!r}]: expected one of {allowed}, got {shown(spec[key])}")
         self.graph_mode, self.kv_mode = spec.get("cadence_graphs", "frame"), spec.get("kv_bookkeeping", "host")
         self.model, self.device = model, next(model.parameters()).device
         self.own = StreamStates(model)
